@@ -1,0 +1,86 @@
+"""sandbox_kernel_ext: run untrusted Jupyter cells and agent tools under a policy that
+the operating system enforces.
+
+Every name a seed API promises for the policy and file layers is importable from here.
+"""
+
+from .approval import (
+    ApprovalBroker,
+    ApprovalDecision,
+    ApprovalRecord,
+    ApprovalRequest,
+    ApprovalResponder,
+    CallbackResponder,
+    Decision,
+    HeadlessResponder,
+    TerminalResponder,
+)
+from .files import (
+    ChangeResult,
+    DirEntry,
+    EditResult,
+    FileSystemToolset,
+    FilesystemTool,
+    FileView,
+    ListResult,
+    ReadResult,
+    Tool,
+    WriteResult,
+)
+from .policy import (
+    ApprovalDeniedError,
+    CapabilityDeclaration,
+    CapabilityParseError,
+    CapabilityParser,
+    ConfigurationError,
+    EditError,
+    EgressDecision,
+    EgressFilter,
+    FileLimits,
+    FileSizeExceeded,
+    FilesystemConfig,
+    FilesystemError,
+    FilesystemMode,
+    FilesystemPolicy,
+    FilesystemTimeoutError,
+    FileTooLargeError,
+    NetworkEgressRule,
+    PathConfig,
+    PathNotFoundError,
+    PathNotInSandboxError,
+    PathNotWritableError,
+    QuotaExceededError,
+    RateLimiter,
+    ResourceLimits,
+    RootSandboxConfig,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxPermissionEscalationError,
+    SandboxResult,
+    SandboxStatus,
+    SandboxTier,
+    SandboxViolationError,
+    SuffixNotAllowedError,
+    ToolError,
+    check_egress,
+    check_limits,
+    validate_path_access,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ApprovalBroker", "ApprovalDecision", "ApprovalDeniedError", "ApprovalRecord",
+    "ApprovalRequest", "ApprovalResponder", "CallbackResponder", "CapabilityDeclaration",
+    "CapabilityParseError", "CapabilityParser", "ChangeResult", "ConfigurationError", "Decision",
+    "DirEntry", "EditError", "EditResult", "EgressDecision", "EgressFilter", "FileLimits",
+    "FileSizeExceeded", "FileSystemToolset", "FileTooLargeError", "FileView", "FilesystemConfig",
+    "FilesystemError", "FilesystemMode", "FilesystemPolicy", "FilesystemTimeoutError",
+    "FilesystemTool", "HeadlessResponder", "ListResult", "NetworkEgressRule", "PathConfig",
+    "PathNotFoundError", "PathNotInSandboxError", "PathNotWritableError", "QuotaExceededError",
+    "RateLimiter", "ReadResult", "ResourceLimits", "RootSandboxConfig", "Sandbox", "SandboxConfig",
+    "SandboxError", "SandboxPermissionEscalationError", "SandboxResult", "SandboxStatus",
+    "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "Tool",
+    "ToolError", "WriteResult", "check_egress", "check_limits", "validate_path_access",
+]

@@ -1,0 +1,678 @@
+"""File tools for LLM agents, confined to a Sandbox's virtual paths (seeds 000-002, 004).
+
+Every operation: parse the virtual path, check the policy (grants, suffixes, sizes,
+quotas), ask the approval broker where the path requires it, then do the I/O through a
+backend that opens relative to the root's directory descriptor, so nothing checked
+here can be swapped under it. Each operation runs under a time budget.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import mimetypes
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..approval.broker import ApprovalBroker
+from ..approval.request import ApprovalRequest
+from ..policy.errors import (
+    ConfigurationError,
+    EditError,
+    FilesystemError,
+    FileTooLargeError,
+    PathNotFoundError,
+    PathNotInSandboxError,
+    QuotaExceededError,
+    ToolError,
+)
+from ..policy.file_limits import FileLimits
+from ..policy.models import CapabilityDeclaration
+from ..policy.path_config import PathConfig, SandboxConfig
+from ..policy.sandbox import Sandbox, VirtualPath
+from .backend import EntryInfo, EscapeRefused, FileBackend
+from .deadline import Deadline
+from .host_backend import HostBackend
+from .results import (
+    ChangeResult,
+    DirEntry,
+    EditResult,
+    FileView,
+    ListResult,
+    ReadResult,
+    WriteResult,
+)
+from .storage_ledger import StorageLedger, ledger_for_host_root
+from .store_backend import StoreBackend
+from .text_slice import read_text_slice
+from .tool_schemas import FILE_TOOLS, TOOLS_BY_NAME, function_definition
+
+_CHUNK = 1 << 16
+_SNIFF = 8192
+_PREVIEW_CHARS = 1500
+_LOCK_STRIPES = 64
+
+
+class FileSystemToolset:
+    """Read, write, edit, delete, move, copy and list files inside a Sandbox.
+
+    `limits` are merged with `SANDBOX_KERNEL_EXT_FS_*` environment variables (the
+    stricter value wins). `broker` decides approval-gated paths; the default one denies
+    with a clear message because nobody can be asked.
+    """
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        id: str | None = None,
+        max_retries: int = 1,
+        *,
+        broker: ApprovalBroker | None = None,
+        limits: FileLimits | None = None,
+    ) -> None:
+        self._sandbox = sandbox
+        self.id = id
+        self.max_retries = max_retries
+        self.broker = broker if broker is not None else ApprovalBroker()
+        self.limits = FileLimits.effective(limits)
+        self._backends: dict[str | None, FileBackend] = {}
+        self._ledgers: dict[str | None, StorageLedger] = {}
+        self._setup_lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+
+    # ---------------------------------------------------------------- building
+    @classmethod
+    def create_default(
+        cls, root: str | Path, mode: str = "rw", id: str | None = None
+    ) -> FileSystemToolset:
+        """One root named `data` (virtual `/data`) on `root`. Writes there need no
+        approval: the caller chose the folder."""
+        if mode not in ("ro", "rw"):
+            raise ConfigurationError(f"mode must be 'ro' or 'rw', not {mode!r}")
+        config = SandboxConfig(paths={"data": PathConfig(root=str(root), mode=mode, write_approval=False)})
+        return cls(Sandbox(config), id=id)
+
+    @classmethod
+    def from_policy(
+        cls,
+        policy: CapabilityDeclaration,
+        *,
+        id: str | None = None,
+        broker: ApprovalBroker | None = None,
+    ) -> FileSystemToolset:
+        """The toolset a policy file's `paths`/`root` table and `file_limits` describe."""
+        return cls(Sandbox.from_policy(policy), id=id, broker=broker, limits=policy.file_limits)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        return self._sandbox
+
+    @property
+    def source(self) -> str:
+        return f"toolset:{self.id or 'filesystem'}"
+
+    def close(self) -> None:
+        with self._setup_lock:
+            for backend in self._backends.values():
+                backend.close()
+            self._backends.clear()
+
+    def __enter__(self) -> FileSystemToolset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def _backend(self, vp: VirtualPath) -> FileBackend:
+        backend = self._backends.get(vp.root)
+        if backend is not None:
+            return backend
+        with self._setup_lock:
+            backend = self._backends.get(vp.root)
+            if backend is None:
+                if self.limits.backend == "store":
+                    backend = StoreBackend()
+                else:
+                    try:
+                        backend = HostBackend(
+                            self._sandbox.host_root(vp), deny_symlinks=self.limits.deny_symlinks
+                        )
+                    except FileNotFoundError:
+                        root = VirtualPath(vp.root, (), vp._multi)
+                        raise PathNotFoundError(str(root), "is a root whose folder does not exist") from None
+                self._backends[vp.root] = backend
+            return backend
+
+    def _ledger(self, vp: VirtualPath) -> StorageLedger:
+        ledger = self._ledgers.get(vp.root)
+        if ledger is None:
+            backend = self._backend(vp)
+
+            def measure() -> int:
+                deadline = Deadline(max(self.limits.operation_timeout, 30.0), "measuring the storage quota")
+                return sum(i.size for _, i in backend.walk((), check=deadline.check) if i.kind == "file")
+
+            if isinstance(backend, HostBackend):
+                ledger = ledger_for_host_root(self._sandbox.host_root(vp), measure)
+            else:
+                ledger = StorageLedger(measure)
+            self._ledgers[vp.root] = ledger
+        return ledger
+
+    @contextmanager
+    def _path_lock(self, *vps: VirtualPath) -> Iterator[None]:
+        """Serialise operations on the same files so quota deltas are exact."""
+        stripes = sorted({hash((vp.root, vp.parts)) % _LOCK_STRIPES for vp in vps})
+        for i in stripes:
+            self._stripes[i].acquire()
+        try:
+            yield
+        finally:
+            for i in reversed(stripes):
+                self._stripes[i].release()
+
+    @contextmanager
+    def _io(self, vp: VirtualPath) -> Iterator[None]:
+        """Turn backend errors into errors that name the virtual path."""
+        try:
+            yield
+        except EscapeRefused as exc:
+            raise PathNotInSandboxError(
+                str(vp), exc.reason, self._sandbox.readable_roots, self._sandbox.writable_roots
+            ) from None
+        except FileNotFoundError:
+            raise PathNotFoundError(str(vp)) from None
+        except IsADirectoryError:
+            raise FilesystemError(f"'{vp}' is a directory; give a file path.") from None
+        except NotADirectoryError:
+            raise PathNotFoundError(str(vp), "has a file where a folder was expected") from None
+        except FileExistsError:
+            raise FilesystemError(f"'{vp}' already exists; delete it first or pick another name.") from None
+
+    def _deadline(self, what: str) -> Deadline:
+        return Deadline(self.limits.operation_timeout, what)
+
+    def _file_limit(self, config: PathConfig) -> int | None:
+        limits = [x for x in (config.max_file_bytes, self.limits.max_file_bytes) if x is not None]
+        return min(limits) if limits else None
+
+    def _check_size(self, vp: VirtualPath, config: PathConfig, size: int) -> None:
+        limit = self._file_limit(config)
+        if limit is not None and size > limit:
+            raise FileTooLargeError(str(vp), size, limit)
+
+    def _prepare(self, path: str, access: str) -> tuple[VirtualPath, PathConfig]:
+        vp = self._sandbox.parse(path)
+        if access == "write":
+            self._sandbox.check_write(vp)
+        else:
+            self._sandbox.check_read(vp)
+        if not vp.parts:
+            raise FilesystemError(f"'{vp}' is a root folder; give a file path inside it.")
+        config = self._sandbox.path_config(vp)
+        self._sandbox.check_suffix(vp.name, config)
+        return vp, config
+
+    def _approve(
+        self, operation: str, vp: VirtualPath, access: str, size: int | None = None, summary: str = ""
+    ) -> None:
+        config = self._sandbox.path_config(vp)
+        needed = config.write_approval if access == "write" else config.read_approval
+        if needed:
+            self.broker.check(
+                ApprovalRequest(
+                    operation=operation,
+                    path=str(vp),
+                    access=access,
+                    size=size,
+                    summary=summary,
+                    source=self.source,
+                )
+            )
+
+    def _info(self, vp: VirtualPath) -> EntryInfo | None:
+        with self._io(vp):
+            return self._backend(vp).info(vp.parts)
+
+    # --------------------------------------------------------------------- read
+    def read(self, path: str, max_chars: int = 20_000, offset: int = 0) -> ReadResult:
+        """A slice of a file: text as UTF-8, binary as base64. Never loads more than the
+        slice (plus a one-time streamed index for large text files)."""
+        if offset < 0 or max_chars < 0:
+            raise FilesystemError("offset and max_chars must be zero or more")
+        vp, config = self._prepare(path, "read")
+        self._approve("read", vp, "read")
+        deadline = self._deadline(f"reading '{vp}'")
+        with self._io(vp):
+            f, info = self._backend(vp).open_read(vp.parts)
+            with f:
+                self._check_size(vp, config, info.size)
+                mime = mimetypes.guess_type(vp.name)[0]
+                head = f.read(_SNIFF)
+                if _looks_binary(head, mime):
+                    n = min(max_chars, self.limits.max_read_bytes)
+                    f.seek(offset)
+                    data = f.read(n)
+                    return ReadResult(
+                        content=base64.b64encode(data).decode("ascii"),
+                        truncated=offset + len(data) < info.size,
+                        total_chars=info.size,
+                        offset=offset,
+                        chars_read=len(data),
+                        path=str(vp),
+                        mime_type=mime or "application/octet-stream",
+                        content_encoding="base64",
+                    )
+                piece = read_text_slice(
+                    f,
+                    size=info.size,
+                    identity=info.identity,
+                    offset=offset,
+                    max_chars=max_chars,
+                    max_bytes=self.limits.max_read_bytes,
+                    check=deadline.check,
+                )
+        return ReadResult(
+            content=piece.text,
+            truncated=offset + len(piece.text) < piece.total_chars,
+            total_chars=piece.total_chars,
+            offset=offset,
+            chars_read=len(piece.text),
+            path=str(vp),
+            mime_type=mime or "text/plain",
+        )
+
+    def view(self, path: str, start_line: int = 1, max_lines: int = 200) -> FileView:
+        """Numbered lines from `start_line`, long lines capped (seed 002's read_file)."""
+        if start_line < 1 or max_lines < 1:
+            raise FilesystemError("start_line and max_lines must be 1 or more")
+        vp, config = self._prepare(path, "read")
+        self._approve("read", vp, "read")
+        deadline = self._deadline(f"viewing '{vp}'")
+        cap = self.limits.max_line_chars
+        lines: list[str] = []
+        budget = self.limits.max_read_bytes
+        truncated = False
+        number = 0
+        with self._io(vp):
+            f, info = self._backend(vp).open_read(vp.parts)
+            with f:
+                self._check_size(vp, config, info.size)
+                if _looks_binary(f.read(_SNIFF), mimetypes.guess_type(vp.name)[0]):
+                    raise FilesystemError(f"'{vp}' is binary; use read() to get it as base64.")
+                f.seek(0)
+                for number, (raw, dropped) in enumerate(_capped_lines(f, cap * 4), start=1):
+                    if number % 1024 == 0:
+                        deadline.check()
+                    if number < start_line:
+                        continue
+                    if len(lines) >= max_lines or budget <= 0:
+                        truncated = True
+                        break
+                    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                    if len(text) > cap or dropped:
+                        text = text[:cap] + "… [line cut]"
+                    budget -= len(text)
+                    lines.append(f"{number:6d}\t{text}")
+        end = start_line + len(lines) - 1
+        if info.size == 0:
+            summary = f"{vp} is empty."
+        elif not lines:
+            summary = f"{vp} has only {number} lines; nothing from line {start_line}."
+        else:
+            more = f"; more follow, continue with start_line={end + 1}" if truncated else ""
+            summary = f"Lines {start_line}-{end} of {vp}{more}."
+        return FileView(
+            path=str(vp), lines=lines, start_line=start_line, end_line=end, truncated=truncated, summary=summary
+        )
+
+    # -------------------------------------------------------------------- write
+    def write(self, path: str, content: str) -> str:
+        """Write a text file atomically; parent folders are created."""
+        return self.write_file(path, content).summary
+
+    def write_file(self, path: str, content: str | bytes) -> WriteResult:
+        vp, config = self._prepare(path, "write")
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        self._check_write_size(vp, config, len(data))
+        with self._path_lock(vp):
+            old = self._info(vp)
+            if old is not None and old.kind == "dir":
+                raise FilesystemError(f"'{vp}' is a directory; give a file path.")
+            summary = self._change_summary(vp, old, data)
+            self._approve("write", vp, "write", len(data), summary)
+            self._store(vp, [data], len(data), old, f"writing '{vp}'")
+        verb = "Created" if old is None else "Overwrote"
+        return WriteResult(
+            path=str(vp),
+            bytes_written=len(data),
+            created=old is None,
+            summary=f"{verb} {vp} ({len(data):,} bytes).",
+        )
+
+    def _check_write_size(self, vp: VirtualPath, config: PathConfig, size: int) -> None:
+        if size > self.limits.max_write_bytes:
+            raise QuotaExceededError(
+                f"Cannot write '{vp}': {size:,} bytes is over the {self.limits.max_write_bytes:,}-byte "
+                "limit for one write. Split the content into smaller files.",
+                actual=size,
+                limit=self.limits.max_write_bytes,
+            )
+        self._check_size(vp, config, size)
+
+    def _store(
+        self,
+        vp: VirtualPath,
+        chunks,
+        size: int,
+        old: EntryInfo | None,
+        what: str,
+    ) -> None:
+        """Reserve quota, write atomically under the deadline, give quota back on failure."""
+        ledger = self._ledger(vp)
+        delta = size - (old.size if old is not None and old.kind == "file" else 0)
+        ledger.reserve(delta, self.limits.max_total_bytes, f"Writing '{vp}'")
+        deadline = self._deadline(what)
+        try:
+            with self._io(vp), self._backend(vp).atomic_writer(vp.parts) as out:
+                for chunk in chunks:
+                    for i in range(0, len(chunk), _CHUNK):
+                        deadline.check()
+                        out.write(chunk[i : i + _CHUNK])
+        except BaseException:
+            ledger.reserve(-delta, None, "")
+            raise
+
+    def _change_summary(self, vp: VirtualPath, old: EntryInfo | None, data: bytes) -> str:
+        """A preview (new file) or unified diff (replacement) for the person approving."""
+        new_text = data[:_PREVIEW_CHARS * 4].decode("utf-8", errors="replace")
+        if old is None or old.kind != "file":
+            return f"new file, {len(data):,} bytes:\n{new_text[:_PREVIEW_CHARS]}"
+        if old.size > 4 * _PREVIEW_CHARS * 4 or len(data) > 4 * _PREVIEW_CHARS * 4:
+            return f"replaces {old.size:,} bytes with {len(data):,} bytes"
+        with self._io(vp):
+            f, _ = self._backend(vp).open_read(vp.parts)
+            with f:
+                before = f.read().decode("utf-8", errors="replace")
+        diff = difflib.unified_diff(
+            before.splitlines(), data.decode("utf-8", errors="replace").splitlines(), "before", "after", lineterm="", n=1
+        )
+        return "\n".join(diff)[:_PREVIEW_CHARS] or "no change"
+
+    def edit(self, path: str, old_text: str, new_text: str) -> str:
+        """Replace `old_text`, which must occur exactly once."""
+        return self.edit_file(path, old_text, new_text).summary
+
+    def edit_file(self, path: str, old_text: str, new_text: str) -> EditResult:
+        vp, config = self._prepare(path, "write")
+        if not old_text:
+            raise EditError(str(vp), 0)
+        with self._path_lock(vp):
+            with self._io(vp):
+                f, info = self._backend(vp).open_read(vp.parts)
+                with f:
+                    self._check_size(vp, config, info.size)
+                    text = f.read().decode("utf-8", errors="strict")
+            matches = text.count(old_text)
+            if matches != 1:
+                raise EditError(str(vp), matches)
+            data = text.replace(old_text, new_text, 1).encode("utf-8")
+            self._check_write_size(vp, config, len(data))
+            summary = "\n".join(
+                difflib.unified_diff(
+                    old_text.splitlines(), new_text.splitlines(), "before", "after", lineterm="", n=1
+                )
+            )
+            self._approve("edit", vp, "write", len(data), summary[:_PREVIEW_CHARS])
+            self._store(vp, [data], len(data), info, f"editing '{vp}'")
+        return EditResult(path=str(vp), replaced=1, summary=f"Edited {vp}: replaced 1 occurrence.")
+
+    # ----------------------------------------------------------------- changes
+    def delete(self, path: str) -> str:
+        """Delete a file (folders are refused)."""
+        return self.delete_file(path).summary
+
+    def delete_file(self, path: str) -> ChangeResult:
+        vp, _ = self._prepare(path, "write")
+        with self._path_lock(vp):
+            info = self._info(vp)
+            if info is None:
+                raise PathNotFoundError(str(vp))
+            if info.kind == "dir":
+                raise FilesystemError(f"'{vp}' is a directory; only files can be deleted.")
+            self._approve("delete", vp, "write", info.size, f"delete {info.size:,} bytes")
+            with self._io(vp):
+                self._backend(vp).delete(vp.parts)
+            if info.kind == "file":
+                self._ledger(vp).reserve(-info.size, None, "")
+        return ChangeResult(path=str(vp), summary=f"Deleted {vp}.")
+
+    def move(self, source: str, destination: str) -> str:
+        """Move or rename a file; refuses to overwrite an existing destination."""
+        return self.move_file(source, destination).summary
+
+    def move_file(self, source: str, destination: str) -> ChangeResult:
+        return self._transfer(source, destination, remove_source=True)
+
+    def copy(self, source: str, destination: str) -> str:
+        """Copy a file; the source may be read-only, the destination must be writable."""
+        return self.copy_file(source, destination).summary
+
+    def copy_file(self, source: str, destination: str) -> ChangeResult:
+        return self._transfer(source, destination, remove_source=False)
+
+    def _transfer(self, source: str, destination: str, *, remove_source: bool) -> ChangeResult:
+        op = "move" if remove_source else "copy"
+        src, src_config = self._prepare(source, "write" if remove_source else "read")
+        dst, dst_config = self._prepare(destination, "write")
+        with self._path_lock(src, dst):
+            info = self._info(src)
+            if info is None:
+                raise PathNotFoundError(str(src))
+            if info.kind == "dir":
+                raise FilesystemError(f"'{src}' is a directory; only files can be {op}d.")
+            if self._info(dst) is not None:
+                raise FilesystemError(f"'{dst}' already exists; delete it first or pick another name.")
+            self._check_size(src, src_config, info.size)
+            self._check_size(dst, dst_config, info.size)
+            note = f"{op} from {src} ({info.size:,} bytes)"
+            if remove_source:
+                self._approve("move", src, "write", info.size, f"move to {dst}")
+            else:
+                self._approve("copy", src, "read", info.size, f"copy to {dst}")
+            self._approve(op, dst, "write", info.size, note)
+            if remove_source and src.root == dst.root:
+                with self._io(dst):
+                    self._backend(src).rename(src.parts, dst.parts)
+            else:
+                with self._io(src):
+                    f, _ = self._backend(src).open_read(src.parts)
+                with f:
+                    self._store(dst, iter(lambda: f.read(_CHUNK), b""), info.size, None, f"{op} to '{dst}'")
+                if remove_source:
+                    with self._io(src):
+                        self._backend(src).delete(src.parts)
+                    self._ledger(src).reserve(-info.size, None, "")
+        verb = "Moved" if remove_source else "Copied"
+        return ChangeResult(path=str(dst), source=str(src), summary=f"{verb} {src} to {dst}.")
+
+    # -------------------------------------------------------------------- lists
+    def list_files(self, path: str = ".", pattern: str = "**/*") -> list[str]:
+        """Virtual paths of files under `path` whose path relative to it matches the glob
+        `pattern` (`**` spans folders; a pattern without `/` or `**` stays in `path`)."""
+        return self.find_files(path, pattern).files
+
+    def find_files(self, path: str = ".", pattern: str = "**/*") -> ListResult:
+        matcher = _glob(pattern)
+        recursive = "/" in pattern or "**" in pattern
+        top = self._sandbox.parse(path)
+        bases = self._listing_bases(top)
+        deadline = self._deadline(f"listing '{top}'")
+        limit = self.limits.max_list_entries
+        found: list[str] = []
+        for base in bases:
+            with self._io(base):
+                backend = self._backend(base)
+                config = self._sandbox.path_config(base)
+                if recursive:
+                    entries = backend.walk(base.parts, check=deadline.check)
+                else:
+                    entries = ((base.parts + (n,), i) for n, i in backend.scandir(base.parts))
+                strip = len(top.parts) if top.root == base.root else 0
+                for rel, info in entries:
+                    if info.kind == "dir":
+                        continue
+                    vp = VirtualPath(base.root, rel, base._multi)
+                    shown = "/".join(((base.root,) if top.is_top else ()) + rel[strip:])
+                    if not matcher(shown) or not _suffix_ok(rel[-1], config):
+                        continue
+                    found.append(str(vp))
+                    if len(found) > limit:
+                        raise QuotaExceededError(
+                            f"More than {limit:,} files match '{pattern}' under {top}; "
+                            "use a narrower path or pattern.",
+                            actual=len(found),
+                            limit=limit,
+                        )
+        return ListResult(files=found, summary=f"{len(found)} file(s) match '{pattern}' under {top}.")
+
+    def _listing_bases(self, top: VirtualPath) -> list[VirtualPath]:
+        if not top.is_top:
+            self._sandbox.check_read(top)
+            return [top]
+        return [self._sandbox.parse(r) for r in self._sandbox.readable_roots]
+
+    def list_directory(self, path: str = ".") -> list[DirEntry]:
+        """One folder's entries with their types (the top level lists the roots)."""
+        top = self._sandbox.parse(path)
+        if top.is_top:
+            return [DirEntry(name=r.lstrip("/"), type="dir", size=0) for r in self._sandbox.readable_roots]
+        self._sandbox.check_read(top)
+        limit = self.limits.max_list_entries
+        with self._io(top):
+            entries = self._backend(top).scandir(top.parts)
+        if len(entries) > limit:
+            raise QuotaExceededError(
+                f"'{top}' has {len(entries):,} entries, more than the {limit:,} one listing may "
+                "return; use list_files with a pattern.",
+                actual=len(entries),
+                limit=limit,
+            )
+        return [DirEntry(name=n, type=i.kind, size=i.size) for n, i in entries]
+
+    # ------------------------------------------------------------- LLM tools
+    def tool_definitions(self) -> list[dict[str, Any]]:
+        """Function-calling definitions of every tool this sandbox can use (write tools
+        are left out when nothing is writable)."""
+        roots = self._sandbox.readable_roots
+        writable = self._sandbox.writable_roots
+        context = f"Readable: {', '.join(roots) or 'nothing'}. Writable: {', '.join(writable) or 'nothing'}."
+        return [
+            function_definition(spec, context) for spec in FILE_TOOLS if writable or not spec.writes
+        ]
+
+    def call(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """Run a tool call from a model: validate the arguments against the tool's schema
+        and return the typed result as JSON-safe data. Policy refusals raise SandboxError
+        subclasses whose messages are written for the model."""
+        spec = TOOLS_BY_NAME.get(name)
+        if spec is None:
+            raise ToolError(f"Unknown tool '{name}'. Tools: {', '.join(TOOLS_BY_NAME)}.")
+        try:
+            args = (
+                spec.args.model_validate_json(arguments)
+                if isinstance(arguments, str)
+                else spec.args.model_validate(arguments or {})
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolError(f"Bad arguments for {name}: {problems}.") from None
+        result = getattr(self, spec.method)(**args.model_dump())
+        if isinstance(result, list):
+            return {"entries": [entry.model_dump() for entry in result]}
+        return result.model_dump()
+
+    def storage_used(self, path: str) -> int:
+        """Bytes the quota ledger counts for the root holding `path`."""
+        return self._ledger(self._sandbox.parse(path)).used
+
+    def __repr__(self) -> str:
+        return f"FileSystemToolset(id={self.id!r}, {self._sandbox!r}, backend={self.limits.backend!r})"
+
+
+def _capped_lines(f, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    """Lines of at most `max_bytes`, and whether the rest of a longer line was skipped,
+    so one huge line is never held in memory."""
+    while True:
+        line = f.readline(max_bytes)
+        if not line:
+            return
+        dropped = False
+        while not line.endswith(b"\n"):
+            rest = f.readline(max_bytes)
+            if not rest:
+                break
+            dropped = True
+            if rest.endswith(b"\n"):
+                break
+        yield line, dropped
+
+
+def _looks_binary(head: bytes, mime: str | None) -> bool:
+    if b"\0" in head:
+        return True
+    if mime and not mime.startswith("text/") and mime.split("/")[0] in ("image", "audio", "video", "font"):
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start < len(head) - 3  # a character cut at the sniff boundary is fine
+    return False
+
+
+def _suffix_ok(name: str, config: PathConfig) -> bool:
+    return config.suffixes is None or Path(name).suffix.lower() in config.suffixes
+
+
+@lru_cache(maxsize=128)
+def _glob(pattern: str):
+    """Compile a glob to a full-match function over '/'-separated relative paths."""
+    i, out = 0, []
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = pattern.find("]", i + 2)
+            if end == -1:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : end].replace("\\", "\\\\")
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL).fullmatch

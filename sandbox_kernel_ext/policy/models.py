@@ -1,0 +1,163 @@
+"""The policy models of seed 003, extended so one file describes everything.
+
+A policy file is a `CapabilityDeclaration`: the seed's capability fields, plus the
+seed-000 path table (`paths` or `root`) for the file toolset and `file_limits`.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from .file_limits import FileLimits
+from .path_config import PathConfig, RootSandboxConfig, SandboxConfig
+
+_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SandboxTier(str, enum.Enum):
+    seccomp = "seccomp"
+    gvisor = "gvisor"
+    firecracker = "firecracker"
+
+
+class FilesystemMode(str, enum.Enum):
+    read_only = "read_only"
+    read_write = "read_write"
+    none = "none"
+
+
+class SandboxStatus(str, enum.Enum):
+    created = "created"
+    running = "running"
+    stopped = "stopped"
+    failed = "failed"
+
+
+def normalize_domain(value: str) -> str:
+    """Lower-case a rule's domain and check its shape: a host name, `*.` + a host name,
+    or an IP literal. Raises ValueError naming what is wrong."""
+    domain = value.strip().lower().rstrip(".")
+    if not domain:
+        raise ValueError("domain must not be blank")
+    try:
+        return str(ipaddress.ip_address(domain.strip("[]")))
+    except ValueError:
+        pass
+    host = domain[2:] if domain.startswith("*.") else domain
+    labels = host.split(".")
+    if "*" in host or not all(_LABEL.match(label) for label in labels):
+        raise ValueError(
+            f"domain {value!r} must be a host name like 'api.example.com', "
+            "a wildcard like '*.example.com', or an IP address"
+        )
+    return domain
+
+
+class NetworkEgressRule(_Model):
+    """One allow-listed destination: a domain (or `*.` wildcard) and its ports."""
+
+    domain: str
+    ports: list[int] = Field(default_factory=list)
+    rate_limit_per_min: int = Field(60, ge=1)
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        return normalize_domain(value)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        for port in value:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"port {port} is outside 1-65535")
+        return value
+
+
+class FilesystemConfig(_Model):
+    """Host paths the sandboxed process may read and write.
+
+    `readable_paths=None` keeps the seed's meaning (reads everywhere the mode allows;
+    the runner still withholds credential stores). A list limits reads to those paths.
+    """
+
+    mode: FilesystemMode = FilesystemMode.read_only
+    writable_paths: list[str] = Field(default_factory=list)
+    readable_paths: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FilesystemConfig:
+        if self.writable_paths and self.mode is not FilesystemMode.read_write:
+            raise ValueError("writable_paths must be empty unless mode is read_write")
+        if self.readable_paths and self.mode is FilesystemMode.none:
+            raise ValueError("readable_paths must be empty when mode is none")
+        for path in [*self.writable_paths, *(self.readable_paths or [])]:
+            if not path.strip():
+                raise ValueError("paths must not be blank")
+        return self
+
+
+class ResourceLimits(_Model):
+    max_memory_mb: int = Field(512, ge=1)
+    max_cpu_seconds: float = Field(30.0, gt=0)
+    max_cost_usd: float = Field(0.10, gt=0)
+    max_tokens: int = Field(100_000, ge=1)
+
+
+class CapabilityDeclaration(_Model):
+    """Everything a sandbox may do: the seed-003 fields and the file toolset's table."""
+
+    sandbox_tier: SandboxTier = SandboxTier.seccomp
+    network_egress_rules: list[NetworkEgressRule] = Field(default_factory=list)
+    filesystem_config: FilesystemConfig = Field(default_factory=FilesystemConfig)
+    resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    permissions: list[str] = Field(default_factory=list)
+    env_allowlist: list[str] | None = None
+    # Extensions: the seed-000 path table for the file toolset, and its quotas.
+    paths: dict[str, PathConfig] | None = None
+    root: RootSandboxConfig | None = None
+    file_limits: FileLimits = Field(default_factory=FileLimits)
+
+    _base_path: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_table(self) -> CapabilityDeclaration:
+        if self.paths is not None and self.root is not None:
+            raise ValueError("give at most one of 'root' or 'paths'")
+        return self
+
+    @property
+    def base_path(self) -> Path:
+        """Where relative roots resolve: the policy file's folder, else the cwd."""
+        return self._base_path or Path.cwd()
+
+    def sandbox_config(self) -> SandboxConfig | None:
+        """The seed-000 config this policy describes, or None when it has no path table."""
+        if self.paths is None and self.root is None:
+            return None
+        return SandboxConfig(root=self.root, paths=self.paths)
+
+
+class SandboxResult(_Model):
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_ms: float = Field(ge=0)
+    resource_usage: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,339 @@
+"""Virtual paths and permission checks (seed 000). Does no file I/O of its own.
+
+A virtual path is `/<name>/rel/path` in multi-path mode (the leading `/` is optional)
+and `/rel/path` in single-root mode (relative paths work too). Checks here decide what
+the policy allows; the file backends below enforce it race-free when they open files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from .errors import (
+    ConfigurationError,
+    FileTooLargeError,
+    PathNotInSandboxError,
+    PathNotWritableError,
+    SandboxPermissionEscalationError,
+    SuffixNotAllowedError,
+)
+from .path_config import PathConfig, SandboxConfig
+
+if TYPE_CHECKING:
+    from .models import CapabilityDeclaration
+
+
+@dataclass(frozen=True)
+class VirtualPath:
+    """A parsed virtual path: the root's name (None in single-root mode) and components."""
+
+    root: str | None
+    parts: tuple[str, ...]
+
+    @property
+    def is_top(self) -> bool:
+        """True for `/` in multi-path mode: above every root, inside none."""
+        return self.root is None and not self.parts and self._multi
+
+    _multi: bool = False
+
+    def __str__(self) -> str:
+        head = [self.root] if self.root is not None else []
+        return "/" + "/".join([*head, *self.parts])
+
+    def contains(self, other: VirtualPath) -> bool:
+        return (
+            self.root == other.root
+            and other.parts[: len(self.parts)] == self.parts
+            and not self.is_top
+        )
+
+    def child(self, *names: str) -> VirtualPath:
+        return VirtualPath(self.root, (*self.parts, *names), self._multi)
+
+    @property
+    def name(self) -> str:
+        return self.parts[-1] if self.parts else ""
+
+
+@dataclass(frozen=True)
+class _Root:
+    name: str | None
+    host: str  # real path of the root directory
+    config: PathConfig
+
+
+@dataclass(frozen=True)
+class _Grant:
+    """What a derived sandbox may touch, as virtual prefixes."""
+
+    read: tuple[VirtualPath, ...]
+    write: tuple[VirtualPath, ...]
+    readonly: bool
+
+
+class Sandbox:
+    """Security boundary for virtual paths: resolution, permissions, suffixes, sizes."""
+
+    def __init__(self, config: SandboxConfig, base_path: Path | None = None) -> None:
+        self.config = config
+        self.base_path = Path(base_path) if base_path is not None else Path.cwd()
+        self._grant: _Grant | None = None
+        if config.root is not None:
+            rc = config.root
+            self._multi = False
+            as_path = PathConfig(
+                root=str(rc.root),
+                mode="ro" if rc.readonly else "rw",
+                suffixes=rc.suffixes,
+                max_file_bytes=rc.max_file_bytes,
+                write_approval=False,
+                read_approval=False,
+            )
+            self._roots = {None: _Root(None, self._host(str(rc.root)), as_path)}
+        else:
+            self._multi = True
+            self._roots = {
+                name: _Root(name, self._host(pc.root), pc)
+                for name, pc in (config.paths or {}).items()
+            }
+
+    @classmethod
+    def from_policy(cls, policy: CapabilityDeclaration) -> Sandbox:
+        """The sandbox a policy file's `paths`/`root` table describes."""
+        config = policy.sandbox_config()
+        if config is None:
+            raise ConfigurationError(
+                "this policy has no 'paths' or 'root' table, so it grants the file tools nothing"
+            )
+        return cls(config, policy.base_path)
+
+    def _host(self, root: str) -> str:
+        path = Path(os.path.expanduser(root))
+        if not path.is_absolute():
+            path = self.base_path / path
+        return os.path.realpath(path)
+
+    # ----------------------------------------------------------------- parsing
+    def parse(self, path: str) -> VirtualPath:
+        """Split a virtual path into root and components, lexically. Refuses `..`,
+        NUL bytes and unknown root names; never touches the disk."""
+        if not isinstance(path, str):
+            raise PathNotInSandboxError(repr(path), "a path must be a string", *self._allowed())
+        if "\0" in path:
+            raise PathNotInSandboxError(path.replace("\0", "\\0"), "it contains a NUL byte", *self._allowed())
+        parts = [p for p in path.strip().split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise PathNotInSandboxError(
+                path, "'..' is not allowed; write the path from its root instead", *self._allowed()
+            )
+        if not self._multi:
+            return VirtualPath(None, tuple(parts))
+        if not parts:
+            return VirtualPath(None, (), True)
+        name, rest = parts[0], tuple(parts[1:])
+        if name not in self._roots:
+            hint = (
+                "host paths are not accepted; use a virtual path that starts with a root name"
+                if path.startswith("/") and rest
+                else f"there is no root named '{name}'"
+            )
+            raise PathNotInSandboxError(path, hint, *self._allowed())
+        return VirtualPath(name, rest, True)
+
+    def _root_of(self, vp: VirtualPath, path: str) -> _Root:
+        if vp.is_top:
+            raise PathNotInSandboxError(path, "name a root, not the top level", *self._allowed())
+        return self._roots[vp.root]
+
+    def host_root(self, vp: VirtualPath) -> str:
+        """Real host path of the root that holds `vp` (for the file backends)."""
+        return self._root_of(vp, str(vp)).host
+
+    @property
+    def root_names(self) -> list[str | None]:
+        return list(self._roots)
+
+    # ------------------------------------------------------------- permissions
+    def _may_read(self, vp: VirtualPath) -> bool:
+        if vp.is_top or vp.root not in self._roots:
+            return False
+        if self._grant is None:
+            return True
+        return any(p.contains(vp) for p in (*self._grant.read, *self._grant.write))
+
+    def _may_write(self, vp: VirtualPath) -> bool:
+        if vp.is_top or vp.root not in self._roots or self._roots[vp.root].config.mode != "rw":
+            return False
+        if self._grant is None:
+            return True
+        return not self._grant.readonly and any(p.contains(vp) for p in self._grant.write)
+
+    def resolve(self, path: str) -> Path:
+        """The host path for a virtual path this sandbox may read or write.
+
+        Raises PathNotInSandboxError for `..`, unknown roots, paths outside the granted
+        prefixes and symlinks that lead out of their root."""
+        vp = self.parse(path)
+        root = self._root_of(vp, path)
+        if not (self._may_read(vp) or self._may_write(vp)):
+            raise PathNotInSandboxError(path, "it is outside what this sandbox grants", *self._allowed())
+        real = os.path.realpath(os.path.join(root.host, *vp.parts))
+        if real != root.host and not real.startswith(root.host.rstrip("/") + "/"):
+            raise PathNotInSandboxError(path, "a symlink on this path leads outside its root", *self._allowed())
+        return Path(real)
+
+    def can_read(self, path: str) -> bool:
+        try:
+            self.resolve(path)
+        except PathNotInSandboxError:
+            return False
+        return self._may_read(self.parse(path))
+
+    def can_write(self, path: str) -> bool:
+        try:
+            self.resolve(path)
+        except PathNotInSandboxError:
+            return False
+        return self._may_write(self.parse(path))
+
+    def check_read(self, vp: VirtualPath) -> None:
+        """Raise unless `vp` may be read (lexical check; the backend catches symlinks)."""
+        if not self._may_read(vp):
+            raise PathNotInSandboxError(str(vp), "it is outside what this sandbox grants", *self._allowed())
+
+    def check_write(self, vp: VirtualPath) -> None:
+        if self._may_write(vp):
+            return
+        self.check_read(vp)
+        root = self._roots[vp.root]
+        reason = (
+            "its root is read-only"
+            if root.config.mode != "rw"
+            else "this sandbox does not grant writes there"
+        )
+        raise PathNotWritableError(str(vp), reason, self.writable_roots)
+
+    def path_config(self, vp: VirtualPath) -> PathConfig:
+        return self._root_of(vp, str(vp)).config
+
+    def needs_read_approval(self, path: str) -> bool:
+        return self._root_of(self.parse(path), path).config.read_approval
+
+    def needs_write_approval(self, path: str) -> bool:
+        return self._root_of(self.parse(path), path).config.write_approval
+
+    def get_path_config(self, path: str) -> tuple[str, Path, PathConfig]:
+        """(root name, resolved host path, config); the name is '/' in single-root mode."""
+        vp = self.parse(path)
+        resolved = self.resolve(path)
+        return (vp.root or "/"), resolved, self.path_config(vp)
+
+    def check_suffix(self, path: Path | str, config: PathConfig) -> None:
+        if config.suffixes is None:
+            return
+        name = PurePosixPath(str(path)).name
+        suffix = PurePosixPath(name).suffix.lower()
+        if suffix not in config.suffixes:
+            raise SuffixNotAllowedError(name, suffix, config.suffixes)
+
+    def check_size(self, path: Path | str, config: PathConfig, size: int | None = None) -> None:
+        """Raise FileTooLargeError when the file (or `size`, for content about to be
+        written) is over the path's limit."""
+        if config.max_file_bytes is None:
+            return
+        if size is None:
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                return
+        if size > config.max_file_bytes:
+            raise FileTooLargeError(PurePosixPath(str(path)).name, size, config.max_file_bytes)
+
+    # ------------------------------------------------------------------ roots
+    def _all_roots(self) -> list[VirtualPath]:
+        return [VirtualPath(name, (), self._multi) for name in self._roots]
+
+    @property
+    def readable_roots(self) -> list[str]:
+        if self._grant is None:
+            return [str(v) for v in self._all_roots()]
+        return sorted({str(p) for p in (*self._grant.read, *self._grant.write)})
+
+    @property
+    def writable_roots(self) -> list[str]:
+        if self._grant is None:
+            return [str(v) for v in self._all_roots() if self._may_write(v)]
+        if self._grant.readonly:
+            return []
+        return sorted({str(p) for p in self._grant.write if self._may_write(p)})
+
+    def _allowed(self) -> tuple[list[str], list[str]]:
+        return self.readable_roots, self.writable_roots
+
+    # ------------------------------------------------------------------ derive
+    def derive(
+        self,
+        *,
+        allow_read: str | list[str] | None = None,
+        allow_write: str | list[str] | None = None,
+        readonly: bool | None = None,
+        inherit: bool = False,
+    ) -> Sandbox:
+        """A child sandbox that can only do less: it starts with no access (or this
+        sandbox's access with `inherit=True`) plus the listed prefixes, each of which
+        must already be allowed here. Any widening raises SandboxPermissionEscalationError."""
+        reads = self._expand(allow_read)
+        writes = self._expand(allow_write)
+        parent_readonly = not self.writable_roots
+        if readonly is False and parent_readonly:
+            raise SandboxPermissionEscalationError(
+                "Cannot derive a writable sandbox from a read-only one. "
+                f"Readable: {', '.join(self.readable_roots) or 'nothing'}."
+            )
+        child_readonly = parent_readonly if readonly is None else readonly
+        if child_readonly and writes:
+            raise ConfigurationError("readonly=True contradicts allow_write; drop one of them")
+        for vp in reads:
+            if not self._may_read(vp):
+                raise SandboxPermissionEscalationError(
+                    f"Cannot allow reading '{vp}': the parent sandbox cannot read it. "
+                    f"Readable: {', '.join(self.readable_roots) or 'nothing'}."
+                )
+        for vp in writes:
+            if not self._may_write(vp):
+                raise SandboxPermissionEscalationError(
+                    f"Cannot allow writing '{vp}': the parent sandbox cannot write it. "
+                    f"Writable: {', '.join(self.writable_roots) or 'nothing'}."
+                )
+        if inherit:
+            base_read = self._grant.read + self._grant.write if self._grant else tuple(self._all_roots())
+            base_write = self._grant.write if self._grant else tuple(
+                v for v in self._all_roots() if self._may_write(v)
+            )
+            reads, writes = base_read, () if child_readonly else base_write
+        child = object.__new__(Sandbox)
+        child.config = self.config
+        child.base_path = self.base_path
+        child._multi = self._multi
+        child._roots = self._roots
+        child._grant = _Grant(tuple(reads), tuple(writes), child_readonly)
+        return child
+
+    def _expand(self, paths: str | Iterable[str] | None) -> tuple[VirtualPath, ...]:
+        if paths is None:
+            return ()
+        if isinstance(paths, str):
+            paths = [paths]
+        out: list[VirtualPath] = []
+        for path in paths:
+            vp = self.parse(path)
+            out.extend(self._all_roots() if vp.is_top else [vp])
+        return tuple(out)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(readable={self.readable_roots}, writable={self.writable_roots})"
