@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from sandbox_kernel_ext.policy.egress import (
     EgressFilter,
@@ -59,7 +60,9 @@ def test_empty_rules_deny_everything() -> None:
         ("https://A.Anthropic.COM./", True),
     ],
 )
-def test_wildcard_matches_strict_subdomains_only(egress: EgressFilter, url: str, allowed: bool) -> None:
+def test_wildcard_matches_strict_subdomains_only(
+    egress: EgressFilter, url: str, allowed: bool
+) -> None:
     assert egress.is_allowed(url) is allowed
 
 
@@ -78,9 +81,12 @@ def test_exact_domain_matches_only_itself(egress: EgressFilter, url: str, allowe
     assert egress.is_allowed(url) is allowed
 
 
-def test_wildcard_rule_does_not_match_ip_addresses() -> None:
-    egress = EgressFilter([NetworkEgressRule(domain="*.0.0.1")])
+def test_wildcard_over_ip_digits_is_refused_and_wildcards_never_match_ips() -> None:
+    with pytest.raises(ValidationError, match="must be a host name"):
+        NetworkEgressRule(domain="*.0.0.1")
+    egress = EgressFilter([NetworkEgressRule(domain="*.example.com")])
     assert not egress.is_allowed("http://127.0.0.1/")
+    assert not egress.is_allowed("http://[::1]/")
 
 
 @pytest.mark.parametrize(
@@ -256,7 +262,8 @@ def test_rules_for_domain(egress: EgressFilter) -> None:
 
 
 def test_filter_accepts_rule_dicts() -> None:
-    egress = EgressFilter([{"domain": "API.Example.com", "ports": [443]}])  # type: ignore[list-item]
+    rule = {"domain": "API.Example.com", "ports": [443]}
+    egress = EgressFilter([rule])  # type: ignore[list-item]
     assert egress.is_allowed("https://api.example.com/")
 
 

@@ -89,7 +89,9 @@ def test_root_directory_as_writable_path() -> None:
     assert validate_path_access("/anything/at/all", "write", config)
 
 
-def test_relative_paths_are_relative_to_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_paths_are_relative_to_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out").mkdir()
     policy = FilesystemPolicy(FilesystemConfig(mode=RW, writable_paths=["out"]))

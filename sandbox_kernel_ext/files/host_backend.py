@@ -330,7 +330,11 @@ class HostBackend(FileBackend):
                 try:
                     next_fd = os.open(part, step, dir_fd=fd)
                 except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink_at(fd, part):
+                    # ELOOP: O_NOFOLLOW met a final symlink; ENOTDIR: maybe a symlink
+                    # where O_DIRECTORY wanted a folder (O_PATH opens do not say ELOOP).
+                    if exc.errno == errno.ELOOP or (
+                        exc.errno == errno.ENOTDIR and _is_symlink_at(fd, part)
+                    ):
                         raise EscapeRefused(
                             REASON_NO_SYMLINKS if self.deny_symlinks else REASON_NO_OPENAT2
                         ) from None

@@ -177,7 +177,7 @@ def _domain_specificity(pattern: str, host: str) -> int | None:
     """
     if pattern == host:
         return 1_000
-    if pattern.startswith("*.") and host.endswith(pattern[2:]) and not _is_ip(host):
+    if pattern.startswith("*.") and host.endswith(pattern[1:]) and not _is_ip(host):
         return len(pattern)
     return None
 
@@ -284,33 +284,30 @@ class EgressFilter:
         except MalformedTargetError as exc:
             return EgressDecision(False, f"malformed destination {host!r} port {port!r}: {exc}")
         shown = _shown_host(host)
-        matches = sorted(
-            (
-                (specificity, -index, rule)
-                for index, rule in enumerate(self._rules)
-                if (specificity := _domain_specificity(rule.domain, host)) is not None
-            ),
-            key=lambda match: match[:2],
-            reverse=True,
-        )
+        matches = self._ranked_matches(host)
         if not matches:
             kind = "address" if _is_ip(host) else "domain"
-            allowed = ", ".join(map(_describe_rule, self._rules)) or "nothing; the allowlist is empty"
-            return EgressDecision(
-                False, f"{kind} {shown} is not in the allowlist (allowed: {allowed})", host=host, port=port
-            )
-        for _, _, rule in matches:
+            allowed = ", ".join(map(_describe_rule, self._rules))
+            allowed = allowed or "nothing; the allowlist is empty"
+            reason = f"{kind} {shown} is not in the allowlist (allowed: {allowed})"
+            return EgressDecision(False, reason, host=host, port=port)
+        for rule in matches:
             if not rule.ports or port in rule.ports:
-                return EgressDecision(
-                    True, f"allowed by rule {_describe_rule(rule)}", rule=rule, host=host, port=port
-                )
-        ports = sorted({allowed_port for _, _, rule in matches for allowed_port in rule.ports})
-        return EgressDecision(
-            False,
-            f"port {port} not allowed for {shown} (allowed: {', '.join(map(str, ports))})",
-            host=host,
-            port=port,
-        )
+                reason = f"allowed by rule {_describe_rule(rule)}"
+                return EgressDecision(True, reason, rule=rule, host=host, port=port)
+        ports = ", ".join(str(p) for p in sorted({p for rule in matches for p in rule.ports}))
+        reason = f"port {port} not allowed for {shown} (allowed: {ports})"
+        return EgressDecision(False, reason, host=host, port=port)
+
+    def _ranked_matches(self, host: str) -> list[NetworkEgressRule]:
+        """Rules matching canonical `host`, most specific first, then in declaration order."""
+        ranked = [
+            (specificity, -index, rule)
+            for index, rule in enumerate(self._rules)
+            if (specificity := _domain_specificity(rule.domain, host)) is not None
+        ]
+        ranked.sort(key=lambda entry: entry[:2], reverse=True)
+        return [rule for _, _, rule in ranked]
 
     def acquire(self, url: str) -> EgressDecision:
         """Decide a URL and, if allowed, count it against its rule's rate limit."""
@@ -327,11 +324,9 @@ class EgressFilter:
         acquired, retry_after = self._limiter.try_acquire(id(rule), rule.rate_limit_per_min)
         if acquired:
             return decision
+        limit = f"{rule.rate_limit_per_min}/min for {_shown_host(rule.domain)}"
         return replace(
-            decision,
-            allowed=False,
-            reason=f"rate limit {rule.rate_limit_per_min}/min for {_shown_host(rule.domain)} reached",
-            retry_after=retry_after,
+            decision, allowed=False, reason=f"rate limit {limit} reached", retry_after=retry_after
         )
 
 

@@ -10,7 +10,7 @@ import enum
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from .file_limits import FileLimits
-from .path_config import PathConfig, RootSandboxConfig, SandboxConfig
+from .path_config import PathConfig, RootSandboxConfig, SandboxConfig, check_root_names
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
@@ -62,7 +62,9 @@ def normalize_domain(value: str) -> str:
         pass
     host = domain[2:] if domain.startswith("*.") else domain
     labels = host.split(".")
-    if "*" in host or not all(_LABEL.match(label) for label in labels):
+    # A last label of digits is no host name: resolvers read `2130706433` or `01.2.3.4`
+    # as (odd spellings of) IP addresses, which a rule would then never match.
+    if "*" in host or labels[-1].isdigit() or not all(_LABEL.match(label) for label in labels):
         raise ValueError(
             f"domain {value!r} must be a host name like 'api.example.com', "
             "a wildcard like '*.example.com', or an IP address"
@@ -74,21 +76,13 @@ class NetworkEgressRule(_Model):
     """One allow-listed destination: a domain (or `*.` wildcard) and its ports."""
 
     domain: str
-    ports: list[int] = Field(default_factory=list)
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
     rate_limit_per_min: int = Field(60, ge=1)
 
     @field_validator("domain")
     @classmethod
     def _domain(cls, value: str) -> str:
         return normalize_domain(value)
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, value: list[int]) -> list[int]:
-        for port in value:
-            if not 1 <= port <= 65535:
-                raise ValueError(f"port {port} is outside 1-65535")
-        return value
 
 
 class FilesystemConfig(_Model):
@@ -136,6 +130,7 @@ class CapabilityDeclaration(_Model):
     file_limits: FileLimits = Field(default_factory=FileLimits)
 
     _base_path: Path | None = PrivateAttr(default=None)
+    _names = field_validator("paths")(check_root_names)
 
     @model_validator(mode="after")
     def _one_table(self) -> CapabilityDeclaration:

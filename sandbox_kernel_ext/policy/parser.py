@@ -44,7 +44,7 @@ class _PolicyLoader(yaml.SafeLoader):
     """SafeLoader used only to compose nodes and to construct plain scalars."""
 
 
-class _Built:
+class _NodeBuilder:
     """Python data built from a node tree, with the line of every key and item."""
 
     def __init__(self, loader: _PolicyLoader, source: str) -> None:
@@ -235,7 +235,7 @@ def _parse(yaml_text: str, source: str) -> CapabilityDeclaration:
 
     if root is None:
         return CapabilityDeclaration()
-    built = _Built(loader, source)
+    built = _NodeBuilder(loader, source)
     data = built.build(root)
     if data is None:
         return CapabilityDeclaration()
@@ -248,12 +248,8 @@ def _parse(yaml_text: str, source: str) -> CapabilityDeclaration:
     built.lines[()] = _line(root)
     try:
         declaration = CapabilityDeclaration.model_validate(data)
-        # Root names are checked by SandboxConfig; check them now, not at first use.
-        declaration.sandbox_config()
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        if exc.title != CapabilityDeclaration.__name__:
-            errors = [{**error, "loc": ("paths", *error["loc"])} for error in errors]
         raise _validation_error(errors, data, built.lines, source) from None
     return declaration
 

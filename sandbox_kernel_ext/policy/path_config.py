@@ -57,19 +57,26 @@ class PathConfig(_Strict):
         return value
 
 
+def check_root_names(paths: dict[str, PathConfig] | None) -> dict[str, PathConfig] | None:
+    """Root names become the first component of virtual paths, so they are one word."""
+    for name in paths or {}:
+        if not _ROOT_NAME.match(name) or name in {".", ".."}:
+            raise ValueError(
+                f"path name {name!r} must be a single word of letters, digits, '_', '-' or '.'"
+            )
+    return paths
+
+
 class SandboxConfig(_Strict):
     """Exactly one of `root` (single-root mode) or `paths` (multi-path mode)."""
 
     root: RootSandboxConfig | None = None
     paths: dict[str, PathConfig] | None = None
 
+    _names = field_validator("paths")(check_root_names)
+
     @model_validator(mode="after")
     def _exactly_one(self) -> SandboxConfig:
         if (self.root is None) == (self.paths is None):
             raise ValueError("give exactly one of 'root' or 'paths'")
-        for name in self.paths or {}:
-            if not _ROOT_NAME.match(name) or name in {".", ".."}:
-                raise ValueError(
-                    f"path name {name!r} must be a single word of letters, digits, '_', '-' or '.'"
-                )
         return self

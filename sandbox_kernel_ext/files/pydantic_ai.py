@@ -1,0 +1,104 @@
+"""PydanticAI adapter for FileSystemToolset (seed 000), kept optional.
+
+Nothing in `sandbox_kernel_ext` imports this module, so the package works without
+pydantic-ai; import it (or call `as_pydantic_ai_toolset`) only when you use PydanticAI.
+
+The adapter is an `AbstractToolset` rather than a `FunctionToolset`: the tool names,
+descriptions and JSON schemas come straight from `FileSystemToolset.tool_definitions()`
+(the `FILE_TOOLS` table), arguments are validated by each tool's own args model, and one
+`call_tool` dispatches through `FileSystemToolset.call`, so no per-tool Python function
+(and no signature introspection) is needed.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache, partial
+from typing import Annotated, Any
+
+try:
+    import anyio.to_thread
+    from pydantic_ai import ModelRetry, RunContext
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "sandbox_kernel_ext.files.pydantic_ai needs pydantic-ai; "
+        "install it with: pip install 'sandbox_kernel_ext[pydantic-ai]'"
+    ) from exc
+
+from pydantic import AfterValidator, BaseModel, TypeAdapter
+
+from ..policy.errors import SandboxError
+from .tool_schemas import TOOLS_BY_NAME
+from .toolset import FileSystemToolset
+
+__all__ = ["PydanticAIFileSystemToolset", "as_pydantic_ai_toolset"]
+
+
+@lru_cache(maxsize=None)
+def _args_validator(args_model: type[BaseModel]) -> Any:
+    """The args model's validator, returning a plain dict because PydanticAI passes the
+    validated arguments on as keyword arguments (and to hooks) as a dict."""
+    dump = AfterValidator(lambda model: model.model_dump())
+    return TypeAdapter(Annotated[args_model, dump]).validator
+
+
+class PydanticAIFileSystemToolset(AbstractToolset[Any]):
+    """A FileSystemToolset seen by a PydanticAI agent.
+
+    Works with any agent deps type (the file tools never read `ctx.deps`). Policy
+    refusals come back to the model as retry prompts carrying the sandbox's message,
+    which already says what was refused and what is allowed.
+    """
+
+    def __init__(self, toolset: FileSystemToolset) -> None:
+        self._toolset = toolset
+
+    @property
+    def id(self) -> str | None:
+        return self._toolset.id
+
+    @property
+    def toolset(self) -> FileSystemToolset:
+        """The wrapped toolset (whose lifetime the caller owns)."""
+        return self._toolset
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """Recomputed per step from `tool_definitions()`, so write tools are absent
+        exactly when the sandbox has nothing writable, with the same descriptions."""
+        tools: dict[str, ToolsetTool[Any]] = {}
+        for definition in self._toolset.tool_definitions():
+            fn = definition["function"]
+            spec = TOOLS_BY_NAME[fn["name"]]
+            tools[spec.name] = ToolsetTool(
+                toolset=self,
+                tool_def=ToolDefinition(
+                    name=spec.name,
+                    description=fn["description"],
+                    parameters_json_schema=fn["parameters"],
+                    metadata={"writes": spec.writes},
+                ),
+                max_retries=self._toolset.max_retries,
+                args_validator=_args_validator(spec.args),
+            )
+        return tools
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        """Run the blocking file operation in a worker thread so the event loop (and
+        other tool calls) keep going; sandbox refusals, approval denials included,
+        become `ModelRetry` so the model reads why and can change course."""
+        try:
+            return await anyio.to_thread.run_sync(partial(self._toolset.call, name, tool_args))
+        except SandboxError as exc:  # includes ApprovalDeniedError and ToolError
+            raise ModelRetry(str(exc)) from exc
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._toolset!r})"
+
+
+def as_pydantic_ai_toolset(toolset: FileSystemToolset) -> PydanticAIFileSystemToolset:
+    """Adapt `toolset` for `pydantic_ai.Agent(toolsets=[...])`; it keeps the toolset's
+    `id`, `max_retries`, policy, broker and limits."""
+    return PydanticAIFileSystemToolset(toolset)
