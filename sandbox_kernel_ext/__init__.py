@@ -26,6 +26,9 @@ from .files import (
     ReadResult,
     Tool,
     WriteResult,
+    filesystem_list,
+    filesystem_read,
+    filesystem_write,
 )
 from .policy import (
     ApprovalDeniedError,
@@ -82,5 +85,6 @@ __all__ = [
     "RateLimiter", "ReadResult", "ResourceLimits", "RootSandboxConfig", "Sandbox", "SandboxConfig",
     "SandboxError", "SandboxPermissionEscalationError", "SandboxResult", "SandboxStatus",
     "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "Tool",
-    "ToolError", "WriteResult", "check_egress", "check_limits", "validate_path_access",
+    "ToolError", "WriteResult", "check_egress", "filesystem_list", "filesystem_read",
+    "filesystem_write", "check_limits", "validate_path_access",
 ]

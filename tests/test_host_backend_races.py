@@ -294,11 +294,12 @@ def test_swapping_the_tree_during_operations_never_escapes(
         lambda: backend.mkdirs(swap + ("made",)),
     ]
     with make_backend(layout.root, mode, monkeypatch) as backend, Swapper(pairs) as swapper:
-        for _ in range(400):
+        for _ in range(250):
             for operation in operations:
                 attempt(operation)
     assert unexpected == []
-    assert swapper.swaps > 0
+    # Both states were met (each is seen hundreds of times even on one CPU).
+    assert swapper.swaps > 0 and outcomes["ok"] > 0 and outcomes["EscapeRefused"] > 0
     assert SECRET not in returned
     assert set(returned) <= {PUBLIC}
     assert "secret.txt" not in listed and "nested" not in listed

@@ -81,6 +81,9 @@ def refuse_replacing(existing: EntryKind | None, *, exclusive: bool, rel: Rel) -
 
 Handle = TypeVar("Handle")
 
+CHECK_EVERY = 512
+"""Entries between deadline checks inside one large folder."""
+
 
 def walk_tree(
     top: Rel,
@@ -101,13 +104,22 @@ def walk_tree(
     """
     stack: list[tuple[Rel, Handle, Iterator[tuple[str, EntryInfo]]]] = []
     try:
-        if check is not None:
-            check()
-        stack.append((top, handle, iter(list_dir(handle))))
+        try:
+            if check is not None:
+                check()
+            first = iter(list_dir(handle))
+        except BaseException:
+            release(handle)
+            raise
+        stack.append((top, handle, first))
+        seen = 0
         while stack:
             rel, current, entries = stack[-1]
             for name, info in entries:
                 child = rel + (name,)
+                seen += 1
+                if check is not None and seen % CHECK_EVERY == 0:
+                    check()
                 yield child, info
                 if info.kind != "dir":
                     continue
@@ -156,15 +168,20 @@ class FileBackend(ABC):
         """FileExistsError rather than overwriting `dst`."""
 
     @abstractmethod
-    def scandir(self, rel: Rel) -> list[tuple[str, EntryInfo]]:
-        """One directory, sorted by name, symlinks reported not followed."""
+    def scandir(
+        self, rel: Rel, *, check: Callable[[], None] | None = None, detail: bool = True
+    ) -> list[tuple[str, EntryInfo]]:
+        """One directory, sorted by name, symlinks reported not followed. With
+        `detail=False` only `kind` is filled in (size -1): a listing of names needs no
+        stat per entry, which is most of its cost on a host."""
 
     @abstractmethod
     def walk(
-        self, rel: Rel, *, check: Callable[[], None] | None = None
+        self, rel: Rel, *, check: Callable[[], None] | None = None, detail: bool = True
     ) -> Iterator[tuple[Rel, EntryInfo]]:
         """Everything below `rel` (root-relative), pre-order and sorted; `check` runs
-        before each directory so a deadline can stop a large walk."""
+        before each directory and every `CHECK_EVERY` entries, so a deadline can stop
+        a large walk."""
 
     @abstractmethod
     def mkdirs(self, rel: Rel) -> None:

@@ -93,7 +93,7 @@ class FilesystemTool(Tool):
         vpath = self._virtual(path)
         try:
             return await asyncio.to_thread(self._run, action, path, vpath, content)
-        except SandboxError as exc:
+        except (SandboxError, OSError) as exc:
             raise ToolError(f"{action} of '{path}' failed: {exc}") from exc
 
     def _run(self, action: str, path: str, vpath: str, content: str | None) -> str | dict[str, Any]:

@@ -8,6 +8,8 @@ at worst make an operation fail, never reach outside the root.
 from __future__ import annotations
 
 import ctypes
+import functools
+import operator
 import errno
 import os
 import secrets
@@ -19,7 +21,9 @@ from contextlib import contextmanager
 from typing import BinaryIO, Literal
 
 from .backend import (
+    CHECK_EVERY,
     EntryInfo,
+    EntryKind,
     EscapeRefused,
     FileBackend,
     Rel,
@@ -132,23 +136,41 @@ def _is_symlink_at(dir_fd: int, name: str) -> bool:
     return st is not None and stat.S_ISLNK(st.st_mode)
 
 
-def _by_name(entry: tuple[str, EntryInfo]) -> str:
-    return entry[0]
+_KIND_ONLY: dict[EntryKind, EntryInfo] = {
+    kind: EntryInfo(kind, -1, 0, ()) for kind in ("file", "dir", "symlink", "other")
+}
 
 
-def _list_dir(dir_fd: int) -> list[tuple[str, EntryInfo]]:
+def _kind_only(entry: os.DirEntry[str]) -> EntryInfo:
+    """The entry's kind from readdir's d_type (lstat only where the filesystem does not
+    report it), without size or identity."""
+    if entry.is_file(follow_symlinks=False):
+        return _KIND_ONLY["file"]
+    if entry.is_dir(follow_symlinks=False):
+        return _KIND_ONLY["dir"]
+    return _KIND_ONLY["symlink" if entry.is_symlink() else "other"]
+
+
+def _list_dir(
+    dir_fd: int, check: Callable[[], None] | None = None, detail: bool = True
+) -> list[tuple[str, EntryInfo]]:
     """One directory's entries from an fd (os.scandir dups it and rewinds, so the fd
     stays usable); entries that vanish between readdir and stat are skipped."""
     entries = []
     with os.scandir(dir_fd) as listing:
-        for entry in listing:
+        for count, entry in enumerate(listing, start=1):
+            if check is not None and count % CHECK_EVERY == 0:
+                check()
             try:
-                st = entry.stat(follow_symlinks=False)
+                info = _entry_info(entry.stat(follow_symlinks=False)) if detail else _kind_only(entry)
             except FileNotFoundError:
                 continue
-            entries.append((entry.name, _entry_info(st)))
+            entries.append((entry.name, info))
     entries.sort(key=_by_name)
     return entries
+
+
+_by_name = operator.itemgetter(0)
 
 
 def _open_child_dir(dir_fd: int, name: str) -> int | None:
@@ -202,7 +224,7 @@ def _create_temp(dir_fd: int, name: str, replacing: os.stat_result | None) -> tu
     if replacing is None:
         return temp_name, fd
     try:
-        if os.geteuid() == 0 and (replacing.st_uid, replacing.st_gid) != (0, 0):
+        if os.geteuid() == 0:  # else only the owner could be kept anyway
             try:
                 os.fchown(fd, replacing.st_uid, replacing.st_gid)
             except PermissionError:  # root of a user namespace without that id mapped
@@ -217,10 +239,6 @@ def _create_temp(dir_fd: int, name: str, replacing: os.stat_result | None) -> tu
 
 def _rel_text(rel: Rel) -> str:
     return "/".join(rel) or "."
-
-
-def _no_root(what: str) -> OSError:
-    return OSError(errno.EBUSY, f"cannot {what} the root itself")
 
 
 class HostBackend(FileBackend):
@@ -241,12 +259,13 @@ class HostBackend(FileBackend):
 
     _root_fd = -1  # so __del__ is safe when __init__ failed
 
-    def __init__(self, root: str | os.PathLike[str], *, deny_symlinks: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str] | int, *, deny_symlinks: bool = False) -> None:
+        """`root` is a folder's path, or a directory fd the backend takes ownership of."""
         self.deny_symlinks = deny_symlinks
         self._lock = threading.Lock()
         self._users = 0
         self._closed = False
-        self._root_fd = os.open(root, _DIR_LOOKUP | os.O_CLOEXEC)
+        self._root_fd = root if isinstance(root, int) else os.open(root, _DIR_LOOKUP | os.O_CLOEXEC)
         try:
             use_openat2 = _openat2_works(self._root_fd)
         except BaseException:
@@ -441,31 +460,45 @@ class HostBackend(FileBackend):
         validate_rel(src)
         validate_rel(dst)
         if not src or not dst:
-            raise _no_root("rename")
+            raise OSError(errno.EBUSY, "cannot rename the root itself")
         with self._parent_dir(src) as src_fd:
             if _lstat_at(src_fd, src[-1]) is None:  # before creating dst's folders
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), _rel_text(src))
             with self._parent_dir(dst, create=True) as dst_fd:
                 _rename_noreplace(src_fd, src[-1], dst_fd, dst[-1])
 
-    def scandir(self, rel: Rel) -> list[tuple[str, EntryInfo]]:
+    def scandir(
+        self, rel: Rel, *, check: Callable[[], None] | None = None, detail: bool = True
+    ) -> list[tuple[str, EntryInfo]]:
         validate_rel(rel)
         fd = self._open(rel, _DIR_READ)
         try:
-            return _list_dir(fd)
+            return _list_dir(fd, check, detail)
         finally:
             os.close(fd)
 
     def walk(
-        self, rel: Rel, *, check: Callable[[], None] | None = None
+        self, rel: Rel, *, check: Callable[[], None] | None = None, detail: bool = True
     ) -> Iterator[tuple[Rel, EntryInfo]]:
         # A generator throughout, so an fd is opened only once iteration starts and
         # walk_tree's cleanup always owns it.
         validate_rel(rel)
         fd = self._open(rel, _DIR_READ)
         yield from walk_tree(
-            rel, fd, list_dir=_list_dir, open_child=_open_child_dir, release=os.close, check=check
+            rel,
+            fd,
+            list_dir=functools.partial(_list_dir, check=check, detail=detail),
+            open_child=_open_child_dir,
+            release=os.close,
+            check=check,
         )
+
+    def subtree(self, rel: Rel) -> HostBackend:
+        """A backend rooted at the folder `rel`, opened beneath this root: operations
+        through it cannot leave that folder, even by a symlink that stays in this root."""
+        validate_rel(rel)
+        fd = self._open(rel, _DIR_LOOKUP)
+        return HostBackend(fd, deny_symlinks=self.deny_symlinks)
 
     def mkdirs(self, rel: Rel) -> None:
         validate_rel(rel)

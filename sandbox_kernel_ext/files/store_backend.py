@@ -189,7 +189,9 @@ class StoreBackend(FileBackend):
             src_parent.touch()
             dst_parent.touch()
 
-    def scandir(self, rel: Rel) -> list[tuple[str, EntryInfo]]:
+    def scandir(
+        self, rel: Rel, *, check: Callable[[], None] | None = None, detail: bool = True
+    ) -> list[tuple[str, EntryInfo]]:
         validate_rel(rel)
         with self._lock:
             return self._list(self._dir(rel))
@@ -207,7 +209,7 @@ class StoreBackend(FileBackend):
         return child if isinstance(child, _Dir) else None
 
     def walk(
-        self, rel: Rel, *, check: Callable[[], None] | None = None
+        self, rel: Rel, *, check: Callable[[], None] | None = None, detail: bool = True
     ) -> Iterator[tuple[Rel, EntryInfo]]:
         # The lock is taken per directory, never across a yield: the consumer may write.
         validate_rel(rel)

@@ -60,6 +60,10 @@ class VirtualPath:
         return self.parts[-1] if self.parts else ""
 
 
+def _inside(real: str, bound: str) -> bool:
+    return real == bound or real.startswith(bound.rstrip("/") + "/")
+
+
 @dataclass(frozen=True)
 class _Root:
     name: str | None
@@ -69,11 +73,18 @@ class _Root:
 
 @dataclass(frozen=True)
 class _Grant:
-    """What a derived sandbox may touch, as virtual prefixes."""
+    """What a derived sandbox may touch, as virtual prefixes, with the real host path
+    of each so a symlink inside a root cannot lead from one prefix to another."""
 
     read: tuple[VirtualPath, ...]
     write: tuple[VirtualPath, ...]
     readonly: bool
+    hosts: dict[VirtualPath, str]
+
+    def prefixes(self, access: str) -> tuple[VirtualPath, ...]:
+        if access == "write":
+            return () if self.readonly else self.write
+        return self.read + self.write
 
 
 class Sandbox:
@@ -126,6 +137,11 @@ class Sandbox:
             raise PathNotInSandboxError(repr(path), "a path must be a string", *self._allowed())
         if "\0" in path:
             raise PathNotInSandboxError(path.replace("\0", "\\0"), "it contains a NUL byte", *self._allowed())
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = path.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+            raise PathNotInSandboxError(shown, "it is not valid Unicode text", *self._allowed()) from None
         parts = [p for p in path.strip().split("/") if p not in ("", ".")]
         if ".." in parts:
             raise PathNotInSandboxError(
@@ -173,33 +189,55 @@ class Sandbox:
             return True
         return not self._grant.readonly and any(p.contains(vp) for p in self._grant.write)
 
+    def _real(self, vp: VirtualPath, access: str) -> str | None:
+        """The real host path of `vp` if it stays inside its root and, in a derived
+        sandbox, inside a prefix granted for `access`; else None."""
+        root = self._roots[vp.root]
+        real = os.path.realpath(os.path.join(root.host, *vp.parts))
+        if not _inside(real, root.host):
+            return None
+        if self._grant is None:
+            return real
+        bounds = (self._grant.hosts[p] for p in self._grant.prefixes(access))
+        return real if any(_inside(real, b) for b in bounds) else None
+
     def resolve(self, path: str) -> Path:
         """The host path for a virtual path this sandbox may read or write.
 
         Raises PathNotInSandboxError for `..`, unknown roots, paths outside the granted
-        prefixes and symlinks that lead out of their root."""
+        prefixes and symlinks that lead out of their root (or out of a granted prefix)."""
         vp = self.parse(path)
-        root = self._root_of(vp, path)
-        if not (self._may_read(vp) or self._may_write(vp)):
+        self._root_of(vp, path)
+        if not self._may_read(vp):
             raise PathNotInSandboxError(path, "it is outside what this sandbox grants", *self._allowed())
-        real = os.path.realpath(os.path.join(root.host, *vp.parts))
-        if real != root.host and not real.startswith(root.host.rstrip("/") + "/"):
-            raise PathNotInSandboxError(path, "a symlink on this path leads outside its root", *self._allowed())
+        real = self._real(vp, "read")
+        if real is None:
+            raise PathNotInSandboxError(path, "a symlink on this path leads outside what is granted", *self._allowed())
         return Path(real)
 
     def can_read(self, path: str) -> bool:
-        try:
-            self.resolve(path)
-        except PathNotInSandboxError:
-            return False
-        return self._may_read(self.parse(path))
+        return self._can(path, "read")
 
     def can_write(self, path: str) -> bool:
+        return self._can(path, "write")
+
+    def _can(self, path: str, access: str) -> bool:
         try:
-            self.resolve(path)
+            vp = self.parse(path)
         except PathNotInSandboxError:
             return False
-        return self._may_write(self.parse(path))
+        allowed = self._may_write(vp) if access == "write" else self._may_read(vp)
+        return allowed and self._real(vp, access) is not None
+
+    def grant_prefix(self, vp: VirtualPath, access: str) -> VirtualPath:
+        """The longest granted prefix holding `vp` for `access` (its root when this
+        sandbox is not derived): file I/O is confined beneath it."""
+        if self._grant is None:
+            return VirtualPath(vp.root, (), self._multi)
+        holding = [p for p in self._grant.prefixes(access) if p.contains(vp)]
+        if not holding:
+            raise PathNotInSandboxError(str(vp), "it is outside what this sandbox grants", *self._allowed())
+        return max(holding, key=lambda p: len(p.parts))
 
     def check_read(self, vp: VirtualPath) -> None:
         """Raise unless `vp` may be read (lexical check; the backend catches symlinks)."""
@@ -296,20 +334,20 @@ class Sandbox:
                 f"Readable: {', '.join(self.readable_roots) or 'nothing'}."
             )
         child_readonly = parent_readonly if readonly is None else readonly
-        if child_readonly and writes:
-            raise ConfigurationError("readonly=True contradicts allow_write; drop one of them")
         for vp in reads:
-            if not self._may_read(vp):
+            if not (self._may_read(vp) and self._real(vp, "read")):
                 raise SandboxPermissionEscalationError(
                     f"Cannot allow reading '{vp}': the parent sandbox cannot read it. "
                     f"Readable: {', '.join(self.readable_roots) or 'nothing'}."
                 )
         for vp in writes:
-            if not self._may_write(vp):
+            if not (self._may_write(vp) and self._real(vp, "write")):
                 raise SandboxPermissionEscalationError(
                     f"Cannot allow writing '{vp}': the parent sandbox cannot write it. "
                     f"Writable: {', '.join(self.writable_roots) or 'nothing'}."
                 )
+        if readonly and writes:
+            raise ConfigurationError("readonly=True contradicts allow_write; drop one of them")
         if inherit:
             base_read = self._grant.read + self._grant.write if self._grant else tuple(self._all_roots())
             base_write = self._grant.write if self._grant else tuple(
@@ -321,7 +359,10 @@ class Sandbox:
         child.base_path = self.base_path
         child._multi = self._multi
         child._roots = self._roots
-        child._grant = _Grant(tuple(reads), tuple(writes), child_readonly)
+        hosts = {
+            p: os.path.realpath(os.path.join(self._roots[p.root].host, *p.parts)) for p in (*reads, *writes)
+        }
+        child._grant = _Grant(tuple(reads), tuple(writes), child_readonly, hosts)
         return child
 
     def _expand(self, paths: str | Iterable[str] | None) -> tuple[VirtualPath, ...]:
