@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 SMALL_FILE_BYTES = 1 << 20
-CHECKPOINT_BYTES = 1 << 16
+CHECKPOINT_BYTES = 1 << 14
 _CACHE_SIZE = 64
 
 

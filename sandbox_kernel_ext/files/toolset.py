@@ -615,12 +615,8 @@ class FileSystemToolset:
                             continue
                         found.append(head + "/" + "/".join(full))
                         if len(found) > limit:
-                            raise QuotaExceededError(
-                                f"More than {limit:,} files match '{pattern}' under {top}; "
-                                "use a narrower path or pattern.",
-                                actual=len(found),
-                                limit=limit,
-                            )
+                            raise _too_many(f"More than {limit:,} files match '{pattern}' under {top}; "
+                                            "use a narrower path or pattern.", len(found), limit)
         return ListResult(files=found, summary=f"{len(found)} file(s) match '{pattern}' under {top}.")
 
     def _listing_bases(self, top: VirtualPath) -> list[VirtualPath]:
@@ -644,12 +640,8 @@ class FileSystemToolset:
             ]
         deadline.check()  # a backend that cannot stop mid-folder is still held to the budget
         if len(entries) > limit:
-            raise QuotaExceededError(
-                f"'{top}' has {len(entries):,} entries, more than the {limit:,} one listing may "
-                "return; use list_files with a pattern.",
-                actual=len(entries),
-                limit=limit,
-            )
+            raise _too_many(f"'{top}' has {len(entries):,} entries, more than the {limit:,} one listing "
+                            "may return; use list_files with a pattern.", len(entries), limit)
         return [DirEntry(name=n, type=i.kind, size=i.size) for n, i in entries]
 
     # ------------------------------------------------------------- LLM tools
@@ -710,6 +702,10 @@ def _capped_lines(f, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
             if rest.endswith(b"\n"):
                 break
         yield line, dropped
+
+
+def _too_many(message: str, count: int, limit: int) -> QuotaExceededError:
+    return QuotaExceededError(message, actual=count, limit=limit)
 
 
 def _chunks(f, size: int) -> Iterator[bytes]:
