@@ -21,8 +21,10 @@ _logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SessionGrant:
-    """An "always for this session" answer: covers `access` on exactly `path`."""
+    """An "always for this session" answer: covers `access` on exactly `path` within
+    `scope`."""
 
+    scope: str
     path: str
     access: Access
     granted_by: str
@@ -65,11 +67,11 @@ class ApprovalBroker:
         self.responder = responder
         self.timeout = timeout
         self._cond = threading.Condition()
-        self._grants: dict[tuple[str, Access], SessionGrant] = {}
+        self._grants: dict[tuple[str, str, Access], SessionGrant] = {}
         self._log: deque[ApprovalRecord] = deque(maxlen=log_limit)
         self._seen: OrderedDict[str, float] = OrderedDict()
         self._seen_watermark = float("-inf")
-        self._pending: set[str] = set()
+        self._pending: set[tuple[str, str]] = set()
         self._subscribers: dict[object, Subscriber] = {}
 
     @property
@@ -151,7 +153,7 @@ class ApprovalBroker:
                     reason=f"approval request {request.id} was already answered; "
                     "each request can be decided once, so make a new request",
                 )
-            while request.path in self._pending:
+            while (request.scope, request.path) in self._pending:
                 self._cond.wait()
             grant = self._grant_for(request)
             if grant is not None:
@@ -161,7 +163,7 @@ class ApprovalBroker:
                     reason=f"{grant.access} access to '{grant.path}' was approved for this "
                     f"session (by {grant.granted_by})",
                 )
-            self._pending.add(request.path)
+            self._pending.add((request.scope, request.path))
             return None
 
     def _ask(self, request: ApprovalRequest) -> ApprovalDecision:
@@ -170,9 +172,10 @@ class ApprovalBroker:
             decision = self._call_responder(request)
         finally:  # even on KeyboardInterrupt, release the path for whoever waits on it
             with self._cond:
-                self._pending.discard(request.path)
+                self._pending.discard((request.scope, request.path))
                 if decision is not None and decision.decision is Decision.allow_session:
-                    self._grants[(request.path, request.access)] = SessionGrant(
+                    self._grants[(request.scope, request.path, request.access)] = SessionGrant(
+                        scope=request.scope,
                         path=request.path,
                         access=request.access,
                         granted_by=decision.decided_by,
@@ -202,10 +205,10 @@ class ApprovalBroker:
         return decision
 
     def _grant_for(self, request: ApprovalRequest) -> SessionGrant | None:
-        exact = self._grants.get((request.path, request.access))
+        exact = self._grants.get((request.scope, request.path, request.access))
         if exact is not None or request.access == "write":
             return exact
-        return self._grants.get((request.path, "write"))  # a write grant covers reads
+        return self._grants.get((request.scope, request.path, "write"))  # a write grant covers reads
 
     def _claim_id(self, request: ApprovalRequest) -> bool:
         """Mark the id used; False if it was used before (or is too old to tell)."""

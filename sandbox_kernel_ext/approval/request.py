@@ -32,6 +32,11 @@ class ApprovalRequest(_Frozen):
     size: int | None = Field(None, ge=0, description="Bytes involved, when known")
     summary: str = Field("", description="Short diff or preview for the person deciding")
     source: str = Field(description="Who asks, e.g. 'toolset:notes' or 'sandbox:3f2a'")
+    scope: str = Field(
+        "",
+        description="What `path` is relative to (the real root it names); a session grant "
+        "covers only requests with the same scope, so one '/data' never stands for another",
+    )
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1)
     created_at: float = Field(default_factory=time.time)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
+import re
 from typing import Any, ClassVar
 
 from ..policy.errors import SandboxError, ToolError
@@ -12,6 +13,9 @@ from ..policy.file_limits import FileLimits
 from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox
 from .toolset import FileSystemToolset
+
+
+_VIRTUAL_NAME = re.compile(r"(?<![\w/])/(d\d+)(?![\w])")
 
 
 class Tool(ABC):
@@ -57,7 +61,9 @@ class FilesystemTool(Tool):
     }
 
     def __init__(self, allowed_directories: list[str] | None = None, *, limits: FileLimits | None = None) -> None:
-        dirs = [os.path.realpath(d) for d in (allowed_directories or [os.getcwd()])]
+        real = {os.path.realpath(d) for d in (allowed_directories or [os.getcwd()])}
+        # A directory inside another allowed one adds nothing and would overlap it.
+        dirs = sorted(d for d in real if not any(o != d and d.startswith(o.rstrip("/") + "/") for o in real))
         self.allowed_directories = dirs
         self._names = {f"d{i}": d for i, d in enumerate(dirs)}
         config = SandboxConfig(
@@ -66,7 +72,7 @@ class FilesystemTool(Tool):
         self.toolset = FileSystemToolset(Sandbox(config), id=self.name, limits=limits)
 
     def _virtual(self, path: str) -> str:
-        host = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(path)))
+        host = os.path.realpath(os.path.join(os.getcwd(), os.path.expanduser(path)))
         best = None
         for name, root in self._names.items():
             if (host == root or host.startswith(root.rstrip("/") + "/")) and (
@@ -93,8 +99,12 @@ class FilesystemTool(Tool):
         vpath = self._virtual(path)
         try:
             return await asyncio.to_thread(self._run, action, path, vpath, content)
-        except (SandboxError, OSError) as exc:
-            raise ToolError(f"{action} of '{path}' failed: {exc}") from exc
+        except (SandboxError, OSError, ValueError) as exc:
+            raise ToolError(f"{action} of '{path}' failed: {self._host_names(str(exc))}") from exc
+
+    def _host_names(self, message: str) -> str:
+        """Say the model's own (host) paths instead of the toolset's virtual `/dN` names."""
+        return _VIRTUAL_NAME.sub(lambda m: self._names.get(m.group(1), m.group(0)), message)
 
     def _run(self, action: str, path: str, vpath: str, content: str | None) -> str | dict[str, Any]:
         if action == "read":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 
 class _Result(BaseModel):
@@ -24,6 +24,7 @@ class ReadResult(_Result):
     mime_type: str | None = None
     content_encoding: Literal["utf-8", "base64"] = "utf-8"
 
+    @computed_field
     @property
     def summary(self) -> str:
         unit = "bytes" if self.content_encoding == "base64" else "characters"

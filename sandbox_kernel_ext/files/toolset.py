@@ -40,7 +40,7 @@ from ..policy.file_limits import FileLimits
 from ..policy.models import CapabilityDeclaration
 from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, VirtualPath
-from .backend import EntryInfo, EscapeRefused, FileBackend
+from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend
 from .deadline import Deadline
 from .host_backend import TEMP_SUFFIX, HostBackend
 from .results import (
@@ -61,7 +61,6 @@ _CHUNK = 1 << 16
 _SNIFF = 8192
 _PREVIEW_CHARS = 1500
 _LOCK_STRIPES = 64
-_CHECK_EVERY = 256
 
 # Process-wide, keyed by the real root: two toolsets on one folder share the quota
 # ledger, so they must also serialise on the same files or the deltas drift.
@@ -163,9 +162,8 @@ class FileSystemToolset:
                         backend = HostBackend(
                             self._sandbox.host_root(vp), deny_symlinks=self.limits.deny_symlinks
                         )
-                    except FileNotFoundError:
-                        root = VirtualPath(vp.root, (), vp._multi)
-                        raise PathNotFoundError(str(root), "is a root whose folder does not exist") from None
+                    except OSError:
+                        raise PathNotFoundError(str(vp.at(())), "is a root whose folder is missing or not a folder") from None
                 self._backends[key] = backend
             return backend
 
@@ -182,7 +180,7 @@ class FileSystemToolset:
             with self._setup_lock:
                 backend = self._backends.get(key)
                 if backend is None:
-                    with self._io(VirtualPath(vp.root, prefix, vp._multi)):
+                    with self._io(vp.at(prefix)):
                         backend = self._backends[key] = root.subtree(prefix)
         return _Location(backend, vp.parts[len(prefix) :], prefix)
 
@@ -210,10 +208,14 @@ class FileSystemToolset:
                 self._ledgers[vp.root] = ledger
             return ledger
 
-    def _lock_key(self, vp: VirtualPath) -> tuple:
+    def _scope(self, vp: VirtualPath) -> str:
+        """What a virtual path's root really is: one toolset's store, or a host folder."""
         if self.limits.backend == "store":
-            return (id(self._root_backend(vp)), vp.parts)
-        return (self._sandbox.host_root(vp), vp.parts)
+            return f"store:{id(self._root_backend(vp)):x}"
+        return self._sandbox.host_root(vp)
+
+    def _lock_key(self, vp: VirtualPath) -> tuple:
+        return (self._scope(vp), vp.parts)
 
     @contextmanager
     def _path_lock(self, *vps: VirtualPath) -> Iterator[None]:
@@ -289,6 +291,7 @@ class FileSystemToolset:
                     size=size,
                     summary=summary,
                     source=self.source,
+                    scope=self._scope(vp),
                 )
             )
 
@@ -311,6 +314,7 @@ class FileSystemToolset:
         vp, config = self._prepare(path, "read")
         self._approve("read", vp, "read")
         deadline = self._deadline(f"reading '{vp}'")
+        max_chars = min(max_chars, self.limits.max_read_bytes)  # a character is at least a byte
         with self._io(vp):
             f, info = self._open_read(vp)
             with f:
@@ -319,7 +323,7 @@ class FileSystemToolset:
                 head = f.read(_SNIFF)
                 if _looks_binary(head, mime):
                     n = min(max_chars, self.limits.max_read_bytes)
-                    f.seek(offset)
+                    f.seek(min(offset, info.size))
                     data = f.read(n)
                     return ReadResult(
                         content=base64.b64encode(data).decode("ascii"),
@@ -401,14 +405,14 @@ class FileSystemToolset:
 
     def write_file(self, path: str, content: str | bytes) -> WriteResult:
         vp, config = self._prepare(path, "write")
-        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        data = _encode(vp, content)
         self._check_write_size(vp, config, len(data))
+        old = self._existing_file(vp)
+        self._approve("write", vp, "write", len(data), self._change_summary(vp, old, data))
+        # Approvals happen before the lock (a person may take minutes); what the write
+        # replaces is looked at again under it, so the quota delta is exact.
         with self._path_lock(vp):
-            old = self._info(vp)
-            if old is not None and old.kind == "dir":
-                raise FilesystemError(f"'{vp}' is a directory; give a file path.")
-            summary = self._change_summary(vp, old, data)
-            self._approve("write", vp, "write", len(data), summary)
+            old = self._existing_file(vp)
             self._store(vp, [data], len(data), old, f"writing '{vp}'")
         verb = "Created" if old is None else "Overwrote"
         return WriteResult(
@@ -417,6 +421,12 @@ class FileSystemToolset:
             created=old is None,
             summary=f"{verb} {vp} ({len(data):,} bytes).",
         )
+
+    def _existing_file(self, vp: VirtualPath) -> EntryInfo | None:
+        info = self._info(vp, "write")
+        if info is not None and info.kind == "dir":
+            raise FilesystemError(f"'{vp}' is a directory; give a file path.")
+        return info
 
     def _check_write_size(self, vp: VirtualPath, config: PathConfig, size: int) -> None:
         if size > self.limits.max_write_bytes:
@@ -452,8 +462,26 @@ class FileSystemToolset:
             ledger.reserve(-delta, None, "")
             raise
 
+    def _read_text(self, vp: VirtualPath, config: PathConfig, what: str) -> tuple[str, EntryInfo]:
+        """A whole (size-checked) text file, read in chunks under the time budget."""
+        deadline = self._deadline(what)
+        with self._io(vp):
+            f, info = self._open_read(vp)
+            with f:
+                self._check_size(vp, config, info.size)
+                parts = []
+                for chunk in _chunks(f, info.size):
+                    deadline.check()
+                    parts.append(chunk)
+        try:
+            return b"".join(parts).decode("utf-8"), info
+        except UnicodeDecodeError:
+            raise FilesystemError(f"Cannot edit '{vp}': it is not UTF-8 text.") from None
+
     def _change_summary(self, vp: VirtualPath, old: EntryInfo | None, data: bytes) -> str:
         """A preview (new file) or unified diff (replacement) for the person approving."""
+        if not self._sandbox.path_config(vp).write_approval:
+            return ""
         new_text = data[:_PREVIEW_CHARS * 4].decode("utf-8", errors="replace")
         if old is None or old.kind != "file":
             return f"new file, {len(data):,} bytes:\n{new_text[:_PREVIEW_CHARS]}"
@@ -462,7 +490,7 @@ class FileSystemToolset:
         with self._io(vp):
             f, _ = self._open_read(vp)
             with f:
-                before = f.read().decode("utf-8", errors="replace")
+                before = f.read(4 * _PREVIEW_CHARS * 4).decode("utf-8", errors="replace")
         diff = difflib.unified_diff(
             before.splitlines(), data.decode("utf-8", errors="replace").splitlines(), "before", "after", lineterm="", n=1
         )
@@ -478,27 +506,22 @@ class FileSystemToolset:
             raise EditError(str(vp), 0)
         # The match count tells something about the content, so a read gate applies too.
         self._approve("read", vp, "read")
+        text, _ = self._read_text(vp, config, f"editing '{vp}'")
+        matches = text.count(old_text)
+        if matches != 1:
+            raise EditError(str(vp), matches)
+        data = _encode(vp, text.replace(old_text, new_text, 1))
+        self._check_write_size(vp, config, len(data))
+        summary = "\n".join(
+            difflib.unified_diff(old_text.splitlines(), new_text.splitlines(), "before", "after", lineterm="", n=1)
+        )
+        self._approve("edit", vp, "write", len(data), summary[:_PREVIEW_CHARS])
         with self._path_lock(vp):
-            with self._io(vp):
-                f, info = self._open_read(vp)
-                with f:
-                    self._check_size(vp, config, info.size)
-                    raw = f.read()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise FilesystemError(f"Cannot edit '{vp}': it is not UTF-8 text.") from None
-            matches = text.count(old_text)
-            if matches != 1:
-                raise EditError(str(vp), matches)
-            data = text.replace(old_text, new_text, 1).encode("utf-8")
-            self._check_write_size(vp, config, len(data))
-            summary = "\n".join(
-                difflib.unified_diff(
-                    old_text.splitlines(), new_text.splitlines(), "before", "after", lineterm="", n=1
+            now, info = self._read_text(vp, config, f"editing '{vp}'")
+            if now != text:
+                raise FilesystemError(
+                    f"'{vp}' changed while the edit waited for approval; read it again and retry."
                 )
-            )
-            self._approve("edit", vp, "write", len(data), summary[:_PREVIEW_CHARS])
             self._store(vp, [data], len(data), info, f"editing '{vp}'")
         return EditResult(path=str(vp), replaced=1, summary=f"Edited {vp}: replaced 1 occurrence.")
 
@@ -509,13 +532,14 @@ class FileSystemToolset:
 
     def delete_file(self, path: str) -> ChangeResult:
         vp, _ = self._prepare(path, "write")
+        info = self._existing_file(vp)
+        if info is None:
+            raise PathNotFoundError(str(vp))
+        self._approve("delete", vp, "write", info.size, f"delete {info.size:,} bytes")
         with self._path_lock(vp):
-            info = self._info(vp, "write")
+            info = self._existing_file(vp)
             if info is None:
                 raise PathNotFoundError(str(vp))
-            if info.kind == "dir":
-                raise FilesystemError(f"'{vp}' is a directory; only files can be deleted.")
-            self._approve("delete", vp, "write", info.size, f"delete {info.size:,} bytes")
             with self._io(vp):
                 where = self._at(vp, "write")
                 where.backend.delete(where.rel)
@@ -539,43 +563,51 @@ class FileSystemToolset:
 
     def _transfer(self, source: str, destination: str, *, remove_source: bool) -> ChangeResult:
         op = "move" if remove_source else "copy"
-        src, src_config = self._prepare(source, "write" if remove_source else "read")
-        dst, dst_config = self._prepare(destination, "write")
         src_access = "write" if remove_source else "read"
-        with self._path_lock(src, dst):
-            entry = self._info(src, src_access)
-            if entry is None:
-                raise PathNotFoundError(str(src))
-            if entry.kind == "dir":
-                raise FilesystemError(f"'{src}' is a directory; only files can be {op}d.")
-            if self._info(dst, "write") is not None:
-                raise FilesystemError(f"'{dst}' already exists; delete it first or pick another name.")
-            # Sizes come from the opened file, not the entry: a symlink's own size says
-            # nothing about the bytes a copy would store.
-            f, info = self._open_read(src)
-            with f:
-                self._check_size(src, src_config, info.size)
-                self._check_size(dst, dst_config, info.size)
-                note = f"{op} from {src} ({info.size:,} bytes)"
-                if remove_source:
-                    self._approve("move", src, "write", info.size, f"move to {dst}")
-                if not remove_source or src.root != dst.root:
-                    # Content leaving its root is a read of it, gated like any read.
-                    self._approve(op, src, "read", info.size, f"{op} to {dst}")
-                self._approve(op, dst, "write", info.size, note)
+        src, src_config = self._prepare(source, src_access)
+        dst, dst_config = self._prepare(destination, "write")
+        self._transfer_source(src, op, src_access)
+        self._transfer_target(dst)
+        # Sizes come from the opened file, not the entry: a symlink's own size says
+        # nothing about the bytes a copy would store. The open file is what gets copied.
+        f, info = self._open_read(src)
+        with f:
+            self._check_size(src, src_config, info.size)
+            self._check_size(dst, dst_config, info.size)
+            if remove_source:
+                self._approve("move", src, "write", info.size, f"move to {dst}")
+            if not remove_source or src.root != dst.root:
+                # Content leaving its root is a read of it, gated like any read.
+                self._approve(op, src, "read", info.size, f"{op} to {dst}")
+            self._approve(op, dst, "write", info.size, f"{op} from {src} ({info.size:,} bytes)")
+            with self._path_lock(src, dst):
+                entry = self._transfer_source(src, op, src_access)
+                self._transfer_target(dst)
                 here, there = self._at(src, src_access), self._at(dst, "write")
                 if remove_source and here.backend is there.backend:
                     with self._io(dst):
                         here.backend.rename(here.rel, there.rel)
-                    return ChangeResult(path=str(dst), source=str(src), summary=f"Moved {src} to {dst}.")
-                self._store(dst, _chunks(f, info.size), info.size, None, f"{op} to '{dst}'")
-            if remove_source:
-                with self._io(src):
-                    here.backend.delete(here.rel)
-                if entry.kind == "file":
-                    self._ledger(src).reserve(-entry.size, None, "")
+                else:
+                    self._store(dst, _chunks(f, info.size), info.size, None, f"{op} to '{dst}'")
+                    if remove_source:
+                        with self._io(src):
+                            here.backend.delete(here.rel)
+                        if entry.kind == "file":
+                            self._ledger(src).reserve(-entry.size, None, "")
         verb = "Moved" if remove_source else "Copied"
         return ChangeResult(path=str(dst), source=str(src), summary=f"{verb} {src} to {dst}.")
+
+    def _transfer_source(self, src: VirtualPath, op: str, access: str) -> EntryInfo:
+        entry = self._info(src, access)
+        if entry is None:
+            raise PathNotFoundError(str(src))
+        if entry.kind == "dir":
+            raise FilesystemError(f"'{src}' is a directory; only files can be {op}d.")
+        return entry
+
+    def _transfer_target(self, dst: VirtualPath) -> None:
+        if self._info(dst, "write") is not None:
+            raise FilesystemError(f"'{dst}' already exists; delete it first or pick another name.")
 
     # -------------------------------------------------------------------- lists
     def list_files(self, path: str = ".", pattern: str = "**/*") -> list[str]:
@@ -584,7 +616,10 @@ class FileSystemToolset:
         return self.find_files(path, pattern).files
 
     def find_files(self, path: str = ".", pattern: str = "**/*") -> ListResult:
-        matcher = _glob(pattern)
+        try:
+            matcher = _glob(pattern)
+        except re.error as exc:
+            raise FilesystemError(f"'{pattern}' is not a valid glob pattern ({exc}).") from None
         recursive = "/" in pattern or "**" in pattern
         top = self._sandbox.parse(path)
         bases = self._listing_bases(top)
@@ -605,7 +640,7 @@ class FileSystemToolset:
                 head = "" if base.root is None else f"/{base.root}"
                 with closing(entries):
                     for count, (rel, info) in enumerate(entries, start=1):
-                        if count % _CHECK_EVERY == 0:
+                        if count % CHECK_EVERY == 0:
                             deadline.check()
                         if info.kind == "dir" or _is_temp(rel[-1]):
                             continue
@@ -680,7 +715,18 @@ class FileSystemToolset:
 
     def storage_used(self, path: str) -> int:
         """Bytes the quota ledger counts for the root holding `path`."""
-        return self._ledger(self._sandbox.parse(path)).used
+        vp = self._sandbox.parse(path)
+        with self._io(vp):
+            return self._ledger(vp).used
+
+    def rescan_storage(self, path: str) -> int:
+        """Measure the root holding `path` again (after changes made behind the toolset's
+        back) and return the new count."""
+        vp = self._sandbox.parse(path)
+        with self._io(vp):
+            ledger = self._ledger(vp)
+            ledger.refresh()
+            return ledger.used
 
     def __repr__(self) -> str:
         return f"FileSystemToolset(id={self.id!r}, {self._sandbox!r}, backend={self.limits.backend!r})"
@@ -702,6 +748,17 @@ def _capped_lines(f, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
             if rest.endswith(b"\n"):
                 break
         yield line, dropped
+
+
+def _encode(vp: VirtualPath, content: str | bytes) -> bytes:
+    if isinstance(content, str):
+        try:
+            return content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FilesystemError(f"Cannot write '{vp}': the content is not valid Unicode text.") from None
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return bytes(content)
+    raise TypeError(f"content must be str or bytes, not {type(content).__name__}")
 
 
 def _too_many(message: str, count: int, limit: int) -> QuotaExceededError:

@@ -1,4 +1,5 @@
-"""Virtual paths and permission checks (seed 000). Does no file I/O of its own.
+"""Virtual paths and permission checks (seed 000). Reads no file content: `resolve`
+follows symlinks with realpath, and I/O itself is the file backends' job.
 
 A virtual path is `/<name>/rel/path` in multi-path mode (the leading `/` is optional)
 and `/rel/path` in single-root mode (relative paths work too). Checks here decide what
@@ -52,8 +53,9 @@ class VirtualPath:
             and not self.is_top
         )
 
-    def child(self, *names: str) -> VirtualPath:
-        return VirtualPath(self.root, (*self.parts, *names), self._multi)
+    def at(self, parts: tuple[str, ...]) -> VirtualPath:
+        """Another path in the same root."""
+        return VirtualPath(self.root, parts, self._multi)
 
     @property
     def name(self) -> str:
@@ -112,6 +114,13 @@ class Sandbox:
                 name: _Root(name, self._host(pc.root), pc)
                 for name, pc in (config.paths or {}).items()
             }
+            for a in self._roots.values():
+                for b in self._roots.values():
+                    if a is not b and _inside(b.host, a.host):
+                        raise ConfigurationError(
+                            f"roots '{a.name}' and '{b.name}' overlap (one folder holds the other), "
+                            "so a file would have two policies; give each root its own folder"
+                        )
 
     @classmethod
     def from_policy(cls, policy: CapabilityDeclaration) -> Sandbox:

@@ -1,0 +1,1 @@
+"""Run code and commands under confinement that the operating system enforces."""
