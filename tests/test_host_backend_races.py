@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -329,3 +330,61 @@ def test_a_path_string_check_then_open_does_leak_in_the_same_race(
             if leaked:
                 break
     assert leaked
+
+
+def test_toolset_reads_and_writes_race_a_symlink_swap_without_escaping(tmp_path: Path) -> None:
+    """The same race one layer up: the toolset must not re-resolve path strings."""
+    from sandbox_kernel_ext import FileLimits, FileSystemToolset, SandboxError
+    from sandbox_kernel_ext.policy.sandbox import Sandbox
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOP SECRET")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in outside.iterdir())
+    tools = FileSystemToolset(
+        FileSystemToolset.create_default(root).sandbox, limits=FileLimits(max_total_bytes=None)
+    )
+    assert isinstance(tools.sandbox, Sandbox)
+    stop = threading.Event()
+
+    def swap() -> None:
+        sub = root / "sub"
+        for n in range(200_000):
+            if stop.is_set():
+                return
+            try:
+                if sub.is_symlink():
+                    sub.unlink()
+                elif sub.exists():
+                    shutil.rmtree(sub, ignore_errors=True)
+                if n % 2:
+                    sub.symlink_to(outside)
+                else:
+                    sub.mkdir()
+                    (sub / "secret.txt").write_text("inside")
+            except OSError:
+                pass
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    outcomes: dict[str, int] = {}
+    try:
+        for i in range(3000):
+            try:
+                if i % 2:
+                    content = tools.read("/data/sub/secret.txt").content
+                    assert "SECRET" not in content
+                    outcomes["read"] = outcomes.get("read", 0) + 1
+                else:
+                    tools.write(f"/data/sub/new{i}.txt", "x")
+                    outcomes["write"] = outcomes.get("write", 0) + 1
+            except SandboxError as exc:
+                outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+    finally:
+        stop.set()
+        swapper.join()
+        tools.close()
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in outside.iterdir()) == before
+    assert outcomes.get("PathNotInSandboxError", 0) > 0, outcomes  # the race was really run
+    assert outcomes.get("read", 0) + outcomes.get("write", 0) > 0, outcomes

@@ -1,0 +1,547 @@
+"""Landlock filesystem, TCP-port and scoping rules through ``ctypes`` (no native dependency).
+
+Landlock only *allows*: once a ruleset handles a right, every path or port not named by a
+rule loses it. We handle every filesystem right the running kernel knows, so anything not
+listed is neither readable nor writable, by any syscall, in this process and in everything it
+later ``exec``s.
+
+!!! WARNING — ``LandlockRuleset.restrict_self()`` confines the CALLING THREAD ONLY. !!!
+Threads that already exist stay unconfined and can undo nothing but can still read and write
+everything. Call it in a single-threaded process (a child right after ``fork``, or a launcher
+started by ``exec``) before any thread starts; it refuses when ``/proc/self/status`` shows more
+than one thread unless you pass ``only_this_thread=True``. Never call it from ``preexec_fn`` of
+a multi-threaded parent such as a Jupyter kernel.
+
+Landlock does not stop ``chmod``/``chown``/``utime`` of readable files or ``connect()`` to a
+pathname unix socket, and does not touch descriptors opened before the restriction: run the
+child as an unprivileged uid, deny ``AF_UNIX`` with seccomp, and close inherited descriptors.
+
+Importing this module is safe on any OS; on hosts without Landlock ``landlock_abi()`` is 0 and
+building a ruleset raises ``LandlockUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+
+__all__ = [
+    "LandlockRuleset",
+    "LandlockUnavailableError",
+    "landlock_abi",
+    "python_read_set",
+    "python_write_set",
+    "etc_read_set",
+]
+
+# Syscall numbers: Landlock came after the unified syscall table, so they are the same on
+# x86_64 and aarch64 (and every other 64-bit architecture Linux supports).
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+
+LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_RULE_NET_PORT = 2
+PR_SET_NO_NEW_PRIVS = 38
+
+# Filesystem rights (include/uapi/linux/landlock.h).
+ACCESS_FS_EXECUTE = 1 << 0
+ACCESS_FS_WRITE_FILE = 1 << 1
+ACCESS_FS_READ_FILE = 1 << 2
+ACCESS_FS_READ_DIR = 1 << 3
+ACCESS_FS_REMOVE_DIR = 1 << 4
+ACCESS_FS_REMOVE_FILE = 1 << 5
+ACCESS_FS_MAKE_CHAR = 1 << 6
+ACCESS_FS_MAKE_DIR = 1 << 7
+ACCESS_FS_MAKE_REG = 1 << 8
+ACCESS_FS_MAKE_SOCK = 1 << 9
+ACCESS_FS_MAKE_FIFO = 1 << 10
+ACCESS_FS_MAKE_BLOCK = 1 << 11
+ACCESS_FS_MAKE_SYM = 1 << 12
+ACCESS_FS_REFER = 1 << 13  # ABI 2
+ACCESS_FS_TRUNCATE = 1 << 14  # ABI 3
+ACCESS_FS_IOCTL_DEV = 1 << 15  # ABI 5
+
+ACCESS_NET_BIND_TCP = 1 << 0  # ABI 4
+ACCESS_NET_CONNECT_TCP = 1 << 1  # ABI 4
+
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+# All filesystem rights each ABI knows; handling them all is what makes "not listed" mean denied.
+_FS_ABI1 = (1 << 13) - 1
+FS_RIGHTS_BY_ABI: dict[int, int] = {
+    1: _FS_ABI1,
+    2: _FS_ABI1 | ACCESS_FS_REFER,
+    3: _FS_ABI1 | ACCESS_FS_REFER | ACCESS_FS_TRUNCATE,
+    4: _FS_ABI1 | ACCESS_FS_REFER | ACCESS_FS_TRUNCATE,
+    5: _FS_ABI1 | ACCESS_FS_REFER | ACCESS_FS_TRUNCATE | ACCESS_FS_IOCTL_DEV,
+}
+NET_ABI = 4
+SCOPE_ABI = 6
+
+# Rights that make sense on a regular file; the kernel rejects directory-only rights
+# (READ_DIR, REMOVE_*, MAKE_*, REFER) in a rule whose path is not a directory.
+FS_FILE_RIGHTS = (
+    ACCESS_FS_EXECUTE
+    | ACCESS_FS_WRITE_FILE
+    | ACCESS_FS_READ_FILE
+    | ACCESS_FS_TRUNCATE
+    | ACCESS_FS_IOCTL_DEV
+)
+# Read rules: read files, list directories, run programs (an interpreter needs EXECUTE to be exec'd).
+FS_READ_RIGHTS = ACCESS_FS_READ_FILE | ACCESS_FS_READ_DIR | ACCESS_FS_EXECUTE
+# Write rules: read rights plus everything that changes content or the tree. REFER lets renames
+# and links move entries *between* writable directories (both ends need it, so nothing can be
+# renamed out of or linked into a writable root from elsewhere). MAKE_CHAR/MAKE_BLOCK are left out:
+# a sandbox never needs to create device nodes. IOCTL_DEV is a write right: ioctl on a device
+# the policy lets you write to (a tty) is expected, on a read-only one it is not.
+FS_WRITE_RIGHTS = FS_READ_RIGHTS | (
+    ACCESS_FS_WRITE_FILE
+    | ACCESS_FS_REMOVE_DIR
+    | ACCESS_FS_REMOVE_FILE
+    | ACCESS_FS_MAKE_DIR
+    | ACCESS_FS_MAKE_REG
+    | ACCESS_FS_MAKE_SOCK
+    | ACCESS_FS_MAKE_FIFO
+    | ACCESS_FS_MAKE_SYM
+    | ACCESS_FS_REFER
+    | ACCESS_FS_TRUNCATE
+    | ACCESS_FS_IOCTL_DEV
+)
+
+
+class LandlockUnavailableError(RuntimeError):
+    """The running kernel (or OS) has no usable Landlock: confinement cannot be applied."""
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # the kernel struct is __attribute__((packed)): 12 bytes
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _NetPortAttr(ctypes.Structure):
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
+_libc_handle: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL | None:
+    """libc loaded lazily so importing this module never fails on other systems."""
+    global _libc_handle
+    if _libc_handle is None and sys.platform.startswith("linux"):
+        try:
+            _libc_handle = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _libc_handle
+
+
+def _syscall(number: int, *args: ctypes._SimpleCData | ctypes.c_void_p) -> int:
+    """Call a raw syscall with explicitly typed arguments; raise OSError on -1."""
+    libc = _libc()
+    if libc is None:
+        raise OSError(errno.ENOSYS, "no libc syscall() on this platform")
+    result = libc.syscall(ctypes.c_long(number), *args)
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel, 0 when there is no usable Landlock."""
+    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return 0
+    try:
+        return _syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            ctypes.c_void_p(None),
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
+        )
+    except OSError:  # ENOSYS (not built), EOPNOTSUPP (built but disabled at boot)
+        return 0
+
+
+def _thread_count() -> int:
+    """Threads of this process as the kernel sees them (C threads included)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 1
+
+
+def _set_no_new_privs() -> None:
+    """Required for unprivileged Landlock/seccomp; also stops setuid binaries gaining rights."""
+    libc = _libc()
+    if libc is None:
+        raise OSError(errno.ENOSYS, "prctl unavailable")
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), zero, zero, zero) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class LandlockRuleset:
+    """Builder for a Landlock domain: collect rules, then ``restrict_self()`` in the child.
+
+    Rules are plain data until ``build()`` (so a builder is cheap to make and to fork);
+    ``build()`` opens each path with ``O_PATH|O_CLOEXEC``, adds the rule and closes it again.
+    A path that does not exist is skipped and reported, not fatal: a policy may name optional
+    roots. ``abi`` pins a lower ABI than the kernel's (never a higher one: rights the kernel
+    does not know cannot be enforced, and ``unenforced()`` names them).
+    """
+
+    def __init__(self, abi: int | None = None) -> None:
+        kernel_abi = landlock_abi()
+        self.kernel_abi = kernel_abi
+        self.abi = kernel_abi if abi is None else max(0, min(abi, kernel_abi))
+        self._read_paths: list[str] = []
+        self._write_paths: list[str] = []
+        self._tcp_connect_ports: list[int] = []
+        self._tcp_bind_ports: list[int] = []
+        self._scoped = 0
+        self._requested_scopes: set[str] = set()
+        self._ruleset_fd: int | None = None
+        self.skipped: list[str] = []
+
+    # -- what is handled (and therefore denied unless allowed) --------------------------------
+    @property
+    def handled_access_fs(self) -> int:
+        return FS_RIGHTS_BY_ABI[min(self.abi, 5)] if self.abi >= 1 else 0
+
+    @property
+    def handled_access_net(self) -> int:
+        """Both TCP rights are always handled from ABI 4: no port is reachable unless allowed."""
+        return ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP if self.abi >= NET_ABI else 0
+
+    @property
+    def scoped(self) -> int:
+        return self._scoped if self.abi >= SCOPE_ABI else 0
+
+    def unenforced(self) -> list[str]:
+        """Protections this builder cannot give on the running kernel, for warnings and strict mode."""
+        missing: list[str] = []
+        if self.abi < 1:
+            return ["landlock"]
+        if self.abi < 3:
+            missing.append("truncate")  # truncate() of any file stays possible before ABI 3
+        if self.abi < NET_ABI:
+            missing.append("tcp")  # TCP bind/connect are not restricted at all
+        if self.abi < 5:
+            missing.append("ioctl_dev")
+        if self.abi < SCOPE_ABI:
+            missing.extend(sorted(self._requested_scopes))
+        return missing
+
+    # -- rules ---------------------------------------------------------------------------------
+    def allow_read(self, path: str | os.PathLike[str]) -> LandlockRuleset:
+        """Read files, list directories and execute programs beneath ``path``."""
+        self._read_paths.append(os.fspath(path))
+        return self
+
+    def allow_write(self, path: str | os.PathLike[str]) -> LandlockRuleset:
+        """Everything ``allow_read`` gives plus create, write, truncate, remove, rename, link."""
+        self._write_paths.append(os.fspath(path))
+        return self
+
+    def allow_tcp_connect(self, port: int) -> LandlockRuleset:
+        """Allow TCP ``connect()`` to ``port`` on any host (Landlock sees ports, not addresses)."""
+        self._tcp_connect_ports.append(_check_port(port))
+        return self
+
+    def allow_tcp_bind(self, port: int) -> LandlockRuleset:
+        """Allow TCP ``bind()`` to ``port`` (0 means "let the kernel pick")."""
+        self._tcp_bind_ports.append(_check_port(port))
+        return self
+
+    def scope_signals(self) -> LandlockRuleset:
+        """Deny signals to processes outside this domain (the kernel, the launcher, anything)."""
+        self._scoped |= SCOPE_SIGNAL
+        self._requested_scopes.add("scope_signals")
+        return self
+
+    def scope_abstract_unix(self) -> LandlockRuleset:
+        """Deny connecting to abstract unix sockets created outside this domain."""
+        self._scoped |= SCOPE_ABSTRACT_UNIX_SOCKET
+        self._requested_scopes.add("scope_abstract_unix")
+        return self
+
+    # -- kernel objects --------------------------------------------------------------------------
+    def build(self) -> list[str]:
+        """Create the ruleset and add every rule; return the paths skipped because they are missing."""
+        if self.abi < 1:
+            raise LandlockUnavailableError("Landlock is not available on this kernel")
+        self.close()
+        attr = _RulesetAttr(self.handled_access_fs, self.handled_access_net, self.scoped)
+        # Pass only the fields this ABI knows, so older kernels do not reject the size.
+        attr_size = 8 if self.abi < NET_ABI else 16 if self.abi < SCOPE_ABI else 24
+        ruleset_fd = _syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            ctypes.byref(attr),
+            ctypes.c_size_t(attr_size),
+            ctypes.c_uint32(0),
+        )
+        self._ruleset_fd = ruleset_fd
+        self.skipped = []
+        try:
+            handled = self.handled_access_fs
+            for path in self._read_paths:
+                self._add_path_rule(ruleset_fd, path, FS_READ_RIGHTS & handled)
+            for path in self._write_paths:
+                self._add_path_rule(ruleset_fd, path, FS_WRITE_RIGHTS & handled)
+            if self.abi >= NET_ABI:
+                for port in self._tcp_connect_ports:
+                    self._add_port_rule(ruleset_fd, port, ACCESS_NET_CONNECT_TCP)
+                for port in self._tcp_bind_ports:
+                    self._add_port_rule(ruleset_fd, port, ACCESS_NET_BIND_TCP)
+        except BaseException:
+            self.close()
+            raise
+        return list(self.skipped)
+
+    def _add_path_rule(self, ruleset_fd: int, path: str, rights: int) -> None:
+        try:
+            path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            self.skipped.append(path)
+            return
+        try:
+            # fstat on the descriptor we add, so the kind cannot change between check and use.
+            if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
+                rights &= FS_FILE_RIGHTS
+            rule = _PathBeneathAttr(rights, path_fd)
+            _syscall(
+                SYS_LANDLOCK_ADD_RULE,
+                ctypes.c_int(ruleset_fd),
+                ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                ctypes.byref(rule),
+                ctypes.c_uint32(0),
+            )
+        finally:
+            os.close(path_fd)
+
+    @staticmethod
+    def _add_port_rule(ruleset_fd: int, port: int, rights: int) -> None:
+        rule = _NetPortAttr(rights, port)
+        _syscall(
+            SYS_LANDLOCK_ADD_RULE,
+            ctypes.c_int(ruleset_fd),
+            ctypes.c_int(LANDLOCK_RULE_NET_PORT),
+            ctypes.byref(rule),
+            ctypes.c_uint32(0),
+        )
+
+    def restrict_self(self, *, only_this_thread: bool = False) -> list[str]:
+        """Set NO_NEW_PRIVS and enforce the ruleset on the CURRENT THREAD; return skipped paths.
+
+        Irreversible. Meant for a single-threaded child right after ``fork`` (or a process that
+        will ``exec`` the confined program). Other threads that already exist are NOT confined,
+        so this refuses to run in a multi-threaded process unless ``only_this_thread`` is set.
+        """
+        if self.abi < 1:
+            raise LandlockUnavailableError("Landlock is not available on this kernel")
+        if not only_this_thread and _thread_count() > 1:
+            raise RuntimeError(
+                "restrict_self() confines only the calling thread and this process has "
+                f"{_thread_count()} threads; call it in a single-threaded child after fork"
+            )
+        if self._ruleset_fd is None:
+            self.build()
+        assert self._ruleset_fd is not None
+        try:
+            _set_no_new_privs()
+            _syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(self._ruleset_fd), ctypes.c_uint32(0))
+        finally:
+            self.close()
+        return list(self.skipped)
+
+    def close(self) -> None:
+        """Close the ruleset descriptor (a confined child must not keep it)."""
+        if self._ruleset_fd is not None:
+            fd, self._ruleset_fd = self._ruleset_fd, None
+            os.close(fd)
+
+    def __enter__(self) -> LandlockRuleset:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _check_port(port: int) -> int:
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"not a TCP port: {port!r}")
+    return port
+
+
+# -- read sets ----------------------------------------------------------------------------------
+
+# Entries of /etc never granted, by path relative to /etc: credential stores and privilege config.
+ETC_SECRET_PATHS = frozenset(
+    {
+        "shadow", "shadow-", "gshadow", "gshadow-", ".pwd.lock",
+        "sudoers", "sudoers.d", "doas.conf",
+        "ssh",  # host private keys
+        "ssl/private", "pki/tls/private", "letsencrypt",
+        "security/opasswd", "krb5.keytab", "credstore", "credstore.encrypted",
+        "ipsec.secrets", "ipsec.d", "wireguard", "openvpn",
+        "NetworkManager/system-connections", "ppp/chap-secrets", "ppp/pap-secrets",
+        "libvirt/secrets", "docker", "kubernetes", "rancher", "ceph",
+        "postfix/sasl_passwd", "cups/ssl", "polkit-1/rules.d",
+    }
+)
+# Name fragments that mark a secret wherever it sits below /etc.
+ETC_SECRET_MARKERS = ("shadow", "secret", "private", "keytab", "keyring", "password", ".key")
+
+
+def _etc_entry_is_secret(relpath: str, name: str, path: str) -> bool:
+    """A listed secret, a secret-looking name, or something a stranger may not read anyway."""
+    if relpath in ETC_SECRET_PATHS or any(marker in name.lower() for marker in ETC_SECRET_MARKERS):
+        return True
+    if name.endswith("_key"):  # ssh_host_ed25519_key and friends, wherever they are
+        return True
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks: judge what a rule would grant
+    except OSError:
+        return True
+    # Files others cannot read, or directories others cannot list and enter, hold something the
+    # owner meant to keep private; the sandbox would otherwise read them whenever it runs as root.
+    needed = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+    return (mode & needed) != needed
+
+
+def _grant_tree_except(
+    root: str, is_secret: Callable[[str, str, str], bool], relroot: str = ""
+) -> tuple[list[str], bool]:
+    """Paths that cover ``root`` minus its secrets, and whether ``root`` itself is secret-free.
+
+    A clean directory becomes one rule; a directory holding a secret is replaced by rules for
+    its other children, recursively. Symlinked directories are not walked into.
+    """
+    grants: list[str] = []
+    clean = True
+    try:
+        entries = sorted(os.scandir(root), key=lambda entry: entry.name)
+    except OSError:
+        return [], False
+    for entry in entries:
+        relpath = f"{relroot}{entry.name}"
+        if is_secret(relpath, entry.name, entry.path):
+            clean = False
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            sub_grants, sub_clean = _grant_tree_except(entry.path, is_secret, relpath + "/")
+            if sub_clean:
+                grants.append(entry.path)
+            else:
+                grants.extend(sub_grants)
+                clean = False
+        else:
+            grants.append(entry.path)
+    return grants, clean
+
+
+def etc_read_set(etc: str = "/etc") -> list[str]:
+    """``/etc`` minus secrets, as rules: Landlock cannot deny beneath an allowed directory."""
+    grants, _ = _grant_tree_except(etc, _etc_entry_is_secret)
+    return grants
+
+
+def _mapped_library_dirs() -> list[str]:
+    """Directories of the shared objects this process has mapped (ld.so, libc, extension modules)."""
+    dirs: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/") and ".so" in fields[5]:
+                    dirs.append(os.path.dirname(fields[5].rstrip("\n").removesuffix(" (deleted)")))
+    except OSError:
+        pass
+    return dirs
+
+
+def _minimal_cover(paths: Iterable[str]) -> list[str]:
+    """Existing real paths with those beneath another dropped: fewer rules, same access."""
+    real = sorted({os.path.realpath(path) for path in set(paths) if os.path.exists(path)})
+    kept: list[str] = []
+    for path in real:
+        if not any(path == parent or path.startswith(parent.rstrip("/") + "/") for parent in kept):
+            kept.append(path)
+    return kept
+
+
+# Device and kernel entries a Python child needs. /dev/null, zero, urandom and random serve
+# os.devnull and os.urandom/secrets/hash seeds; /proc serves psutil, os.cpu_count fallbacks and
+# /proc/self/fd; /sys/devices/system/cpu serves os.cpu_count and multiprocessing. /dev/tty is left
+# out on purpose: a child with the user's terminal could read their keystrokes.
+PYTHON_DEVICE_READ_SET = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/random",
+    "/proc",
+    "/sys/devices/system/cpu",
+)
+
+
+def python_read_set() -> list[str]:
+    """The minimum read set for running the current Python interpreter, as real paths.
+
+    - ``sys.base_prefix``: the interpreter binary and the standard library.
+    - ``sys.prefix``: the virtual environment (``pyvenv.cfg``, its ``bin``, site-packages).
+    - ``sys.path`` entries that exist (``''``, meaning the working directory, is left out:
+      granting it is the caller's decision).
+    - The directories of every mapped shared object (``/proc/self/maps``): ld.so and libc live
+      there, so ``exec`` of the interpreter can load.
+    - ``/usr/lib/<triplet>`` and ``/lib*``: the loader's default search path, for extension
+      modules loaded later (``_ssl`` pulls in libssl).
+    - ``PYTHON_DEVICE_READ_SET``: the device and kernel files listed there.
+    - ``/etc`` minus secrets (``etc_read_set``): ld.so.cache, localtime, passwd, resolv.conf,
+      ssl certificates, but never shadow-like files, sudoers, ssh host keys or private TLS keys.
+
+    It walks ``/etc`` (about 10 ms here): compute it once per launcher, not per child.
+    """
+    candidates: list[str] = [sys.base_prefix, sys.prefix, os.path.dirname(sys.executable)]
+    candidates += [entry for entry in sys.path if entry and os.path.isabs(entry)]
+    candidates += _mapped_library_dirs()
+    triplet = sysconfig.get_config_var("MULTIARCH") or getattr(sys.implementation, "_multiarch", "")
+    if triplet:
+        candidates.append(f"/usr/lib/{triplet}")
+    candidates += [f"/{name}" for name in ("lib", "lib64", "lib32", "libx32")]
+    candidates += PYTHON_DEVICE_READ_SET
+    return _minimal_cover(candidates) + etc_read_set()
+
+
+def python_write_set() -> list[str]:
+    """Write access a Python child needs besides its own roots: ``subprocess.DEVNULL`` opens
+    ``/dev/null`` read-write. ``/dev/shm`` (multiprocessing) is the caller's choice: it is shared
+    with every other process on the host."""
+    return ["/dev/null"]
