@@ -30,6 +30,8 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterable
 
+from .kernel_calls import checked, libc, set_no_new_privs, thread_count
+
 __all__ = [
     "LandlockRuleset",
     "LandlockUnavailableError",
@@ -48,7 +50,6 @@ SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
 LANDLOCK_RULE_PATH_BENEATH = 1
 LANDLOCK_RULE_NET_PORT = 2
-PR_SET_NO_NEW_PRIVS = 38
 
 # Filesystem rights (include/uapi/linux/landlock.h).
 ACCESS_FS_EXECUTE = 1 << 0
@@ -95,7 +96,7 @@ FS_FILE_RIGHTS = (
     | ACCESS_FS_TRUNCATE
     | ACCESS_FS_IOCTL_DEV
 )
-# Read rules: read files, list directories, run programs (an interpreter needs EXECUTE to be exec'd).
+# Read rules: read files, list directories, run programs (exec of an interpreter needs EXECUTE).
 FS_READ_RIGHTS = ACCESS_FS_READ_FILE | ACCESS_FS_READ_DIR | ACCESS_FS_EXECUTE
 # Write rules: read rights plus everything that changes content or the tree. REFER lets renames
 # and links move entries *between* writable directories (both ends need it, so nothing can be
@@ -138,30 +139,12 @@ class _NetPortAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
-_libc_handle: ctypes.CDLL | None = None
-
-
-def _libc() -> ctypes.CDLL | None:
-    """libc loaded lazily so importing this module never fails on other systems."""
-    global _libc_handle
-    if _libc_handle is None and sys.platform.startswith("linux"):
-        try:
-            _libc_handle = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            return None
-    return _libc_handle
-
-
 def _syscall(number: int, *args: ctypes._SimpleCData | ctypes.c_void_p) -> int:
     """Call a raw syscall with explicitly typed arguments; raise OSError on -1."""
-    libc = _libc()
-    if libc is None:
+    lib = libc()
+    if lib is None:
         raise OSError(errno.ENOSYS, "no libc syscall() on this platform")
-    result = libc.syscall(ctypes.c_long(number), *args)
-    if result == -1:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return result
+    return checked(lib.syscall(ctypes.c_long(number), *args))
 
 
 def landlock_abi() -> int:
@@ -177,29 +160,6 @@ def landlock_abi() -> int:
         )
     except OSError:  # ENOSYS (not built), EOPNOTSUPP (built but disabled at boot)
         return 0
-
-
-def _thread_count() -> int:
-    """Threads of this process as the kernel sees them (C threads included)."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Threads:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 1
-
-
-def _set_no_new_privs() -> None:
-    """Required for unprivileged Landlock/seccomp; also stops setuid binaries gaining rights."""
-    libc = _libc()
-    if libc is None:
-        raise OSError(errno.ENOSYS, "prctl unavailable")
-    zero = ctypes.c_ulong(0)
-    if libc.prctl(ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), zero, zero, zero) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
 
 
 class LandlockRuleset:
@@ -240,7 +200,7 @@ class LandlockRuleset:
         return self._scoped if self.abi >= SCOPE_ABI else 0
 
     def unenforced(self) -> list[str]:
-        """Protections this builder cannot give on the running kernel, for warnings and strict mode."""
+        """Protections this builder cannot give on this kernel, for warnings and strict mode."""
         missing: list[str] = []
         if self.abi < 1:
             return ["landlock"]
@@ -289,7 +249,7 @@ class LandlockRuleset:
 
     # -- kernel objects --------------------------------------------------------------------------
     def build(self) -> list[str]:
-        """Create the ruleset and add every rule; return the paths skipped because they are missing."""
+        """Create the ruleset and add every rule; return the paths skipped as missing."""
         if self.abi < 1:
             raise LandlockUnavailableError("Landlock is not available on this kernel")
         self.close()
@@ -361,16 +321,16 @@ class LandlockRuleset:
         """
         if self.abi < 1:
             raise LandlockUnavailableError("Landlock is not available on this kernel")
-        if not only_this_thread and _thread_count() > 1:
+        if not only_this_thread and thread_count() > 1:
             raise RuntimeError(
                 "restrict_self() confines only the calling thread and this process has "
-                f"{_thread_count()} threads; call it in a single-threaded child after fork"
+                f"{thread_count()} threads; call it in a single-threaded child after fork"
             )
         if self._ruleset_fd is None:
             self.build()
         assert self._ruleset_fd is not None
         try:
-            _set_no_new_privs()
+            set_no_new_privs()
             _syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(self._ruleset_fd), ctypes.c_uint32(0))
         finally:
             self.close()
@@ -475,7 +435,7 @@ def etc_read_set(etc: str = "/etc") -> list[str]:
 
 
 def _mapped_library_dirs() -> list[str]:
-    """Directories of the shared objects this process has mapped (ld.so, libc, extension modules)."""
+    """Directories of the shared objects this process maps (ld.so, libc, extension modules)."""
     dirs: list[str] = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -517,8 +477,9 @@ def python_read_set() -> list[str]:
 
     - ``sys.base_prefix``: the interpreter binary and the standard library.
     - ``sys.prefix``: the virtual environment (``pyvenv.cfg``, its ``bin``, site-packages).
-    - ``sys.path`` entries that exist (``''``, meaning the working directory, is left out:
-      granting it is the caller's decision).
+    - ``sys.path`` entries that exist, except ``''`` (the working directory) and the running
+      script's directory: those hold the caller's program, not the interpreter, and granting
+      them is the caller's decision.
     - The directories of every mapped shared object (``/proc/self/maps``): ld.so and libc live
       there, so ``exec`` of the interpreter can load.
     - ``/usr/lib/<triplet>`` and ``/lib*``: the loader's default search path, for extension
@@ -530,7 +491,13 @@ def python_read_set() -> list[str]:
     It walks ``/etc`` (about 10 ms here): compute it once per launcher, not per child.
     """
     candidates: list[str] = [sys.base_prefix, sys.prefix, os.path.dirname(sys.executable)]
-    candidates += [entry for entry in sys.path if entry and os.path.isabs(entry)]
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    script_dir = os.path.dirname(os.path.realpath(script)) if os.path.isfile(script) else None
+    candidates += [
+        entry
+        for entry in sys.path
+        if entry and os.path.isabs(entry) and os.path.realpath(entry) != script_dir
+    ]
     candidates += _mapped_library_dirs()
     triplet = sysconfig.get_config_var("MULTIARCH") or getattr(sys.implementation, "_multiarch", "")
     if triplet:

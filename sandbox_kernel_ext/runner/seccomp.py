@@ -25,12 +25,13 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .kernel_calls import checked, libc, prctl, set_no_new_privs, thread_count
+
 __all__ = ["SeccompFilter", "SeccompUnavailableError", "seccomp_available", "supported_arch"]
 
 # prctl and seccomp constants (include/uapi/linux/{prctl,seccomp,audit}.h).
 PR_GET_SECCOMP = 21
 PR_SET_SECCOMP = 22
-PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
 SECCOMP_GET_ACTION_AVAIL = 2
 SECCOMP_RET_KILL_PROCESS = 0x80000000
@@ -49,7 +50,7 @@ BPF_JMP_JGE_K = 0x05 | 0x30 | 0x00
 BPF_JMP_JSET_K = 0x05 | 0x40 | 0x00
 BPF_RET_K = 0x06 | 0x00
 
-# struct seccomp_data offsets: int nr; u32 arch; u64 ip; u64 args[6] (low word first: little-endian).
+# struct seccomp_data: int nr; u32 arch; u64 ip; u64 args[6] (little-endian: low word first).
 OFFSET_NR = 0
 OFFSET_ARCH = 4
 
@@ -131,26 +132,11 @@ def supported_arch() -> str | None:
     return _MACHINE_ALIASES.get(platform.machine().lower())
 
 
-_libc_handle: ctypes.CDLL | None = None
-
-
 def _libc() -> ctypes.CDLL:
-    global _libc_handle
-    if _libc_handle is None:
-        if not sys.platform.startswith("linux"):
-            raise SeccompUnavailableError("seccomp exists only on Linux")
-        _libc_handle = ctypes.CDLL(None, use_errno=True)
-    return _libc_handle
-
-
-def _prctl(option: int, arg2: int | ctypes._CArgObject = 0) -> int:
-    zero = ctypes.c_ulong(0)
-    value = arg2 if isinstance(arg2, ctypes._CArgObject) else ctypes.c_ulong(arg2)
-    result = _libc().prctl(ctypes.c_int(option), value, zero, zero, zero)
-    if result == -1:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return result
+    lib = libc()
+    if lib is None:
+        raise SeccompUnavailableError("seccomp exists only on Linux")
+    return lib
 
 
 def seccomp_available() -> bool:
@@ -159,7 +145,7 @@ def seccomp_available() -> bool:
     if arch_name is None:
         return False
     try:
-        _prctl(PR_GET_SECCOMP)  # EINVAL when the kernel has no CONFIG_SECCOMP
+        prctl(PR_GET_SECCOMP)  # EINVAL when the kernel has no CONFIG_SECCOMP
         action = ctypes.c_uint32(SECCOMP_RET_KILL_PROCESS)
         result = _libc().syscall(
             ctypes.c_long(ARCHES[arch_name].syscalls["seccomp"]),
@@ -233,7 +219,8 @@ class _Assembler:
                 return distance
 
             if code == BPF_JMP_JA:  # unconditional jumps keep their offset in k
-                program.append((code, 0, 0, self.labels[if_true] - (index + 1)))  # type: ignore[index]
+                assert if_true is not None
+                program.append((code, 0, 0, self.labels[if_true] - (index + 1)))
             else:
                 program.append((code, offset(if_true), offset(if_false), k))
         return program
@@ -296,20 +283,23 @@ class SeccompFilter:
 
         asm.label("socket")
         asm.load(_arg_low(0))  # domain
-        inet_families = {socket.AF_INET, getattr(socket, "AF_INET6", 10)}
+        inet_families = {int(socket.AF_INET), int(getattr(socket, "AF_INET6", 10))}
+        checked_inet = False
         for family in sorted(self.allow_socket_families):
             if self.inet_tcp_only and family in inet_families:
                 asm.jeq(family, "inet_check")
+                checked_inet = True
             else:
                 asm.jeq(family, "allow")
         asm.jump("eafnosupport")
-        asm.label("inet_check")
-        asm.load(_arg_low(1))  # type
-        asm.and_(SOCK_TYPE_MASK)
-        asm.jeq(socket.SOCK_STREAM, None, "eperm")
-        asm.load(_arg_low(2))  # protocol
-        asm.jeq(0, "allow")
-        asm.jeq(IPPROTO_TCP, "allow", "eperm")
+        if checked_inet:
+            asm.label("inet_check")
+            asm.load(_arg_low(1))  # type
+            asm.and_(SOCK_TYPE_MASK)
+            asm.jeq(socket.SOCK_STREAM, None, "eperm")
+            asm.load(_arg_low(2))  # protocol
+            asm.jeq(0, "allow")
+            asm.jeq(IPPROTO_TCP, "allow", "eperm")
 
         asm.label("allow")
         asm.ret(SECCOMP_RET_ALLOW)
@@ -331,36 +321,21 @@ class SeccompFilter:
         """
         if supported_arch() is None:
             raise SeccompUnavailableError("seccomp filtering is not available on this platform")
-        if not only_this_thread and _thread_count() > 1:
+        if not only_this_thread and thread_count() > 1:
             raise RuntimeError(
                 "install() filters only the calling thread and this process has "
-                f"{_thread_count()} threads; call it in a single-threaded child after fork"
+                f"{thread_count()} threads; call it in a single-threaded child after fork"
             )
         program = self.instructions()
         filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
         fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER) if False else None  # placeholder removed below
+        set_no_new_privs()
+        # PR_SET_SECCOMP takes the program pointer as its third argument.
         zero = ctypes.c_ulong(0)
-        result = _libc().prctl(
+        checked(_libc().prctl(
             ctypes.c_int(PR_SET_SECCOMP),
             ctypes.c_ulong(SECCOMP_MODE_FILTER),
             ctypes.byref(fprog),
             zero,
             zero,
-        )
-        if result == -1:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-
-
-def _thread_count() -> int:
-    """Threads of this process as the kernel sees them (C threads included)."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Threads:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 1
+        ))

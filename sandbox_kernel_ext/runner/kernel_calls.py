@@ -1,0 +1,59 @@
+"""The few libc entry points Landlock and seccomp both need, loaded lazily so that
+importing the runner never fails on a system without them."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import sys
+
+PR_SET_NO_NEW_PRIVS = 38
+
+_handle: ctypes.CDLL | None = None
+
+
+def libc() -> ctypes.CDLL | None:
+    """This process's libc (None off Linux or when it cannot be loaded)."""
+    global _handle
+    if _handle is None and sys.platform.startswith("linux"):
+        try:
+            _handle = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _handle
+
+
+def checked(result: int) -> int:
+    """Raise the call's errno as OSError when it returned -1."""
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def prctl(option: int, arg2: object = 0) -> int:
+    """prctl with every argument passed as a full machine word (or a pointer from byref)."""
+    lib = libc()
+    if lib is None:
+        raise OSError(errno.ENOSYS, "prctl is not available on this platform")
+    zero = ctypes.c_ulong(0)
+    value = ctypes.c_ulong(arg2) if isinstance(arg2, int) else arg2
+    return checked(lib.prctl(ctypes.c_int(option), value, zero, zero, zero))
+
+
+def set_no_new_privs() -> None:
+    """Required for unprivileged Landlock/seccomp; also stops setuid binaries gaining rights."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def thread_count() -> int:
+    """Threads of this process as the kernel sees them (C threads included)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 1
