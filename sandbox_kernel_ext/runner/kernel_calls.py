@@ -48,12 +48,14 @@ def set_no_new_privs() -> None:
 
 
 def thread_count() -> int:
-    """Threads of this process as the kernel sees them (C threads included)."""
+    """Threads of this process as the kernel sees them (C threads included).
+
+    Fails closed: when /proc cannot tell (not mounted, hidepid, an earlier Landlock layer),
+    it raises instead of guessing one, because a wrong "1" leaves other threads unconfined."""
     try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Threads:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 1
+        return len(os.listdir("/proc/self/task"))
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot count this process's threads through /proc ({exc.strerror}); "
+            "refusing to confine only one of them"
+        ) from None

@@ -472,14 +472,15 @@ PYTHON_DEVICE_READ_SET = (
 )
 
 
-def python_read_set() -> list[str]:
+def python_read_set(extra: Iterable[str] = ()) -> list[str]:
     """The minimum read set for running the current Python interpreter, as real paths.
 
     - ``sys.base_prefix``: the interpreter binary and the standard library.
     - ``sys.prefix``: the virtual environment (``pyvenv.cfg``, its ``bin``, site-packages).
-    - ``sys.path`` entries that exist, except ``''`` (the working directory) and the running
-      script's directory: those hold the caller's program, not the interpreter, and granting
-      them is the caller's decision.
+    - ``sys.path`` entries inside those prefixes (the standard library, site-packages). Other
+      entries -- the working directory under ``python -m``, ``PYTHONPATH``, the source tree of
+      an editable install -- hold the caller's files, often a home directory with keys in it:
+      pass what the child really needs as ``extra``.
     - The directories of every mapped shared object (``/proc/self/maps``): ld.so and libc live
       there, so ``exec`` of the interpreter can load.
     - ``/usr/lib/<triplet>`` and ``/lib*``: the loader's default search path, for extension
@@ -490,13 +491,14 @@ def python_read_set() -> list[str]:
 
     It walks ``/etc`` (about 10 ms here): compute it once per launcher, not per child.
     """
-    candidates: list[str] = [sys.base_prefix, sys.prefix, os.path.dirname(sys.executable)]
-    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
-    script_dir = os.path.dirname(os.path.realpath(script)) if os.path.isfile(script) else None
+    prefixes = [os.path.realpath(p) for p in {sys.base_prefix, sys.prefix}]
+    candidates: list[str] = [*prefixes, os.path.dirname(sys.executable), *extra]
     candidates += [
         entry
         for entry in sys.path
-        if entry and os.path.isabs(entry) and os.path.realpath(entry) != script_dir
+        if entry
+        and os.path.isabs(entry)
+        and any(_is_within(os.path.realpath(entry), prefix) for prefix in prefixes)
     ]
     candidates += _mapped_library_dirs()
     triplet = sysconfig.get_config_var("MULTIARCH") or getattr(sys.implementation, "_multiarch", "")
@@ -505,6 +507,10 @@ def python_read_set() -> list[str]:
     candidates += [f"/{name}" for name in ("lib", "lib64", "lib32", "libx32")]
     candidates += PYTHON_DEVICE_READ_SET
     return _minimal_cover(candidates) + etc_read_set()
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def python_write_set() -> list[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import os
 import platform
 import socket
 import sys
@@ -71,6 +70,8 @@ CLONE_NAMESPACE_FLAGS = (
     CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
     | CLONE_NEWNET
 )
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type holds SOCK_NONBLOCK / SOCK_CLOEXEC
 IPPROTO_TCP = 6
 
@@ -103,7 +104,7 @@ ARCHES: dict[str, _Arch] = {
         "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
         "keyctl": 250, "add_key": 248, "request_key": 249, "open_by_handle_at": 304,
         "name_to_handle_at": 303, "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53,
-        "seccomp": 317,
+        "seccomp": 317, "ioctl": 16,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -115,7 +116,7 @@ ARCHES: dict[str, _Arch] = {
         "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
         "keyctl": 219, "add_key": 217, "request_key": 218, "open_by_handle_at": 265,
         "name_to_handle_at": 264, "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199,
-        "seccomp": 277,
+        "seccomp": 277, "ioctl": 29,
     }),
 }
 _MACHINE_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -275,7 +276,15 @@ class SeccompFilter:
         asm.jeq(sc["clone"], "clone")
         asm.jeq(sc["socket"], "socket")
         asm.jeq(sc["socketpair"], "socket")
+        asm.jeq(sc["ioctl"], "ioctl")
         asm.ret(SECCOMP_RET_ALLOW)
+
+        # Pushing keystrokes into a terminal inherited from the parent runs commands in the
+        # user's shell; Landlock's ioctl right does not cover descriptors opened before it.
+        asm.label("ioctl")
+        asm.load(_arg_low(1))  # request
+        asm.jeq(TIOCSTI, "eperm")
+        asm.jeq(TIOCLINUX, "eperm", "allow")
 
         asm.label("clone")
         asm.load(_arg_low(0))  # flags is argument 0 on both x86_64 and aarch64
