@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from ..policy.errors import SandboxError, ToolError
 from ..policy.file_limits import FileLimits
 from ..policy.path_config import PathConfig, SandboxConfig
-from ..policy.sandbox import Sandbox
+from ..policy.sandbox import Sandbox, is_within
 from .toolset import FileSystemToolset
 
 
@@ -63,7 +63,7 @@ class FilesystemTool(Tool):
     def __init__(self, allowed_directories: list[str] | None = None, *, limits: FileLimits | None = None) -> None:
         real = {os.path.realpath(d) for d in (allowed_directories or [os.getcwd()])}
         # A directory inside another allowed one adds nothing and would overlap it.
-        dirs = sorted(d for d in real if not any(o != d and d.startswith(o.rstrip("/") + "/") for o in real))
+        dirs = sorted(d for d in real if not any(o != d and is_within(d, o) for o in real))
         self.allowed_directories = dirs
         self._names = {f"d{i}": d for i, d in enumerate(dirs)}
         config = SandboxConfig(
@@ -75,7 +75,7 @@ class FilesystemTool(Tool):
         host = os.path.realpath(os.path.join(os.getcwd(), os.path.expanduser(path)))
         best = None
         for name, root in self._names.items():
-            if (host == root or host.startswith(root.rstrip("/") + "/")) and (
+            if is_within(host, root) and (
                 best is None or len(root) > len(self._names[best])
             ):
                 best = name

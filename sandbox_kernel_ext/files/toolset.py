@@ -322,9 +322,8 @@ class FileSystemToolset:
                 mime = mimetypes.guess_type(vp.name)[0]
                 head = f.read(_SNIFF)
                 if _looks_binary(head, mime):
-                    n = min(max_chars, self.limits.max_read_bytes)
                     f.seek(min(offset, info.size))
-                    data = f.read(n)
+                    data = f.read(max_chars)
                     return ReadResult(
                         content=base64.b64encode(data).decode("ascii"),
                         truncated=offset + len(data) < info.size,
@@ -532,14 +531,10 @@ class FileSystemToolset:
 
     def delete_file(self, path: str) -> ChangeResult:
         vp, _ = self._prepare(path, "write")
-        info = self._existing_file(vp)
-        if info is None:
-            raise PathNotFoundError(str(vp))
+        info = self._file_entry(vp, "write", "delete")
         self._approve("delete", vp, "write", info.size, f"delete {info.size:,} bytes")
         with self._path_lock(vp):
-            info = self._existing_file(vp)
-            if info is None:
-                raise PathNotFoundError(str(vp))
+            info = self._file_entry(vp, "write", "delete")
             with self._io(vp):
                 where = self._at(vp, "write")
                 where.backend.delete(where.rel)
@@ -566,7 +561,7 @@ class FileSystemToolset:
         src_access = "write" if remove_source else "read"
         src, src_config = self._prepare(source, src_access)
         dst, dst_config = self._prepare(destination, "write")
-        self._transfer_source(src, op, src_access)
+        self._file_entry(src, src_access, op)
         self._transfer_target(dst)
         # Sizes come from the opened file, not the entry: a symlink's own size says
         # nothing about the bytes a copy would store. The open file is what gets copied.
@@ -581,7 +576,7 @@ class FileSystemToolset:
                 self._approve(op, src, "read", info.size, f"{op} to {dst}")
             self._approve(op, dst, "write", info.size, f"{op} from {src} ({info.size:,} bytes)")
             with self._path_lock(src, dst):
-                entry = self._transfer_source(src, op, src_access)
+                entry = self._file_entry(src, src_access, op)
                 self._transfer_target(dst)
                 here, there = self._at(src, src_access), self._at(dst, "write")
                 if remove_source and here.backend is there.backend:
@@ -597,12 +592,13 @@ class FileSystemToolset:
         verb = "Moved" if remove_source else "Copied"
         return ChangeResult(path=str(dst), source=str(src), summary=f"{verb} {src} to {dst}.")
 
-    def _transfer_source(self, src: VirtualPath, op: str, access: str) -> EntryInfo:
-        entry = self._info(src, access)
+    def _file_entry(self, vp: VirtualPath, access: str, op: str) -> EntryInfo:
+        """The existing file `op` (delete, move, copy) acts on; folders are refused."""
+        entry = self._info(vp, access)
         if entry is None:
-            raise PathNotFoundError(str(src))
+            raise PathNotFoundError(str(vp))
         if entry.kind == "dir":
-            raise FilesystemError(f"'{src}' is a directory; only files can be {op}d.")
+            raise FilesystemError(f"'{vp}' is a directory; {op} works on files only.")
         return entry
 
     def _transfer_target(self, dst: VirtualPath) -> None:
@@ -646,7 +642,7 @@ class FileSystemToolset:
                             continue
                         full = where.prefix + rel
                         shown = "/".join((base.root, *full) if top.is_top else rel[skip:])
-                        if not matcher(shown) or (config.suffixes is not None and not _suffix_ok(rel[-1], config)):
+                        if not matcher(shown) or (config.suffixes is not None and not Sandbox.suffix_allowed(rel[-1], config)):
                             continue
                         found.append(head + "/" + "/".join(full))
                         if len(found) > limit:
@@ -794,10 +790,6 @@ def _looks_binary(head: bytes, mime: str | None) -> bool:
     except UnicodeDecodeError as exc:
         return exc.start < len(head) - 3  # a character cut at the sniff boundary is fine
     return False
-
-
-def _suffix_ok(name: str, config: PathConfig) -> bool:
-    return config.suffixes is None or Path(name).suffix.lower() in config.suffixes
 
 
 @lru_cache(maxsize=128)

@@ -62,8 +62,9 @@ class VirtualPath:
         return self.parts[-1] if self.parts else ""
 
 
-def _inside(real: str, bound: str) -> bool:
-    return real == bound or real.startswith(bound.rstrip("/") + "/")
+def is_within(path: str, folder: str) -> bool:
+    """True when the (normalised) `path` is `folder` or below it, compared by components."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class Sandbox:
             }
             for a in self._roots.values():
                 for b in self._roots.values():
-                    if a is not b and _inside(b.host, a.host):
+                    if a is not b and is_within(b.host, a.host):
                         raise ConfigurationError(
                             f"roots '{a.name}' and '{b.name}' overlap (one folder holds the other), "
                             "so a file would have two policies; give each root its own folder"
@@ -203,12 +204,12 @@ class Sandbox:
         sandbox, inside a prefix granted for `access`; else None."""
         root = self._roots[vp.root]
         real = os.path.realpath(os.path.join(root.host, *vp.parts))
-        if not _inside(real, root.host):
+        if not is_within(real, root.host):
             return None
         if self._grant is None:
             return real
         bounds = (self._grant.hosts[p] for p in self._grant.prefixes(access))
-        return real if any(_inside(real, b) for b in bounds) else None
+        return real if any(is_within(real, b) for b in bounds) else None
 
     def resolve(self, path: str) -> Path:
         """The host path for a virtual path this sandbox may read or write.
@@ -280,13 +281,14 @@ class Sandbox:
         resolved = self.resolve(path)
         return (vp.root or "/"), resolved, self.path_config(vp)
 
+    @staticmethod
+    def suffix_allowed(path: Path | str, config: PathConfig) -> bool:
+        return config.suffixes is None or PurePosixPath(str(path)).suffix.lower() in config.suffixes
+
     def check_suffix(self, path: Path | str, config: PathConfig) -> None:
-        if config.suffixes is None:
-            return
-        name = PurePosixPath(str(path)).name
-        suffix = PurePosixPath(name).suffix.lower()
-        if suffix not in config.suffixes:
-            raise SuffixNotAllowedError(name, suffix, config.suffixes)
+        if not self.suffix_allowed(path, config):
+            name = PurePosixPath(str(path)).name
+            raise SuffixNotAllowedError(name, PurePosixPath(name).suffix.lower(), config.suffixes or [])
 
     def check_size(self, path: Path | str, config: PathConfig, size: int | None = None) -> None:
         """Raise FileTooLargeError when the file (or `size`, for content about to be
