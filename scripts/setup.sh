@@ -1,11 +1,44 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the package with the given extras (idempotent).
+#
+# Run as root, sandboxed children drop to an unprivileged uid, which must be able to read the
+# interpreter: an interpreter under /root (pyenv's) is not, so root gets the system Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
+
+reachable_by_others() {  # every folder from / down to $1 is world-searchable
+    local dir
+    dir=$(dirname "$(readlink -f "$1")")
+    while [ "$dir" != "/" ]; do
+        [ "$(( $(stat -c '0%a' "$dir") & 1 ))" = 1 ] || return 1
+        dir=$(dirname "$dir")
+    done
+}
+
 python=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ] && [ "$(id -u)" = 0 ]; then
+    real=$("$python" -c 'import sys, os; print(os.path.realpath(sys.executable))')
+    if ! reachable_by_others "$real"; then
+        if ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null; then
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv
+        fi
+        python=/usr/bin/python3
+    fi
+fi
+if [ -x .venv/bin/python ] && [ "$(id -u)" = 0 ] && [ -z "${PYTHON:-}" ] \
+        && ! reachable_by_others "$(readlink -f .venv/bin/python)"; then
+    echo "setup: recreating .venv on an interpreter the sandbox's unprivileged user can read" >&2
+    rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
+quiet_pip() {  # pip's own exit status; its warnings about absent local mirrors are noise
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v "^WARNING: Location" || true; }
+    return "${PIPESTATUS[0]}"
+}
+quiet_pip --upgrade pip
+quiet_pip -e ".${extras:+[$extras]}"
+.venv/bin/python -c "import sandbox_kernel_ext" >/dev/null

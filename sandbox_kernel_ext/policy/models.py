@@ -109,10 +109,18 @@ class FilesystemConfig(_Model):
 
 
 class ResourceLimits(_Model):
+    """Budgets of one sandbox. The first four are seed 003's; the rest bound what the
+    runner enforces with rlimits and the monitor (processes in the tree, size of one
+    written file, open descriptors per process, output kept in memory per stream)."""
+
     max_memory_mb: int = Field(512, ge=1)
     max_cpu_seconds: float = Field(30.0, gt=0)
     max_cost_usd: float = Field(0.10, gt=0)
     max_tokens: int = Field(100_000, ge=1)
+    max_processes: int = Field(256, ge=1)
+    max_file_size_mb: int = Field(1024, ge=1)
+    max_open_files: int = Field(256, ge=16)
+    max_output_mb: float = Field(8.0, gt=0)
 
 
 class CapabilityDeclaration(_Model):
@@ -124,6 +132,8 @@ class CapabilityDeclaration(_Model):
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     permissions: list[str] = Field(default_factory=list)
     env_allowlist: list[str] | None = None
+    # Refuse to run where a confinement layer is missing, instead of warning and running.
+    strict: bool = False
     # Extensions: the seed-000 path table for the file toolset, and its quotas.
     paths: dict[str, PathConfig] | None = None
     root: RootSandboxConfig | None = None
@@ -156,3 +166,7 @@ class SandboxResult(_Model):
     stderr: str = ""
     duration_ms: float = Field(ge=0)
     resource_usage: dict[str, Any] = Field(default_factory=dict)
+    # Extensions: why the sandbox killed the run (None when it ended by itself) and the
+    # output variables of a Python run (JSON-safe data only).
+    killed: str | None = None
+    variables: dict[str, Any] = Field(default_factory=dict)

@@ -518,3 +518,84 @@ def python_write_set() -> list[str]:
     ``/dev/null`` read-write. ``/dev/shm`` (multiprocessing) is the caller's choice: it is shared
     with every other process on the host."""
     return ["/dev/null"]
+
+
+# -- credential stores ---------------------------------------------------------------------------
+
+# Beneath every home folder: where tools keep keys, tokens and passwords. A policy that reads
+# "everywhere" (``readable_paths: null``) still never reads these.
+HOME_CREDENTIAL_PATHS = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".config/gh", ".config/hub",
+    ".docker", ".kube", ".netrc", ".git-credentials", ".pypirc", ".npmrc", ".yarnrc",
+    ".password-store", ".local/share/keyrings", ".vault-token", ".terraform.d",
+    ".cargo/credentials", ".cargo/credentials.toml", ".config/rclone", ".s3cfg",
+    ".boto", ".pgpass", ".my.cnf", ".mozilla", ".config/google-chrome", ".config/chromium",
+    ".ipython/profile_default/security", ".local/share/jupyter/runtime", ".jupyter",
+    ".bash_history", ".python_history", ".zsh_history",
+)
+# Outside the homes: orchestrators' mounted secrets and sockets, and the kernel's own keys.
+SYSTEM_CREDENTIAL_PATHS = (
+    "/run/secrets", "/var/run/secrets", "/run/docker.sock", "/var/run/docker.sock",
+    "/var/lib/docker", "/var/lib/kubelet", "/run/user", "/var/lib/sss", "/var/lib/jupyter",
+    "/root/.local/share/jupyter", "/boot", "/lost+found",
+)
+
+
+def home_folders() -> list[str]:
+    """Every home folder this host knows: the passwd database, ``/home/*``, ``/root``, $HOME."""
+    homes = {"/root", os.path.expanduser("~")}
+    try:
+        import pwd
+
+        homes.update(entry.pw_dir for entry in pwd.getpwall() if entry.pw_dir not in ("", "/"))
+    except (ImportError, KeyError):
+        pass
+    try:
+        homes.update(entry.path for entry in os.scandir("/home") if entry.is_dir())
+    except OSError:
+        pass
+    return sorted(home for home in homes if os.path.isabs(home) and home != "/")
+
+
+def credential_paths() -> list[str]:
+    """The built-in deny list, as absolute real paths (whether or not they exist now)."""
+    paths = [os.path.join(home, name) for home in home_folders() for name in HOME_CREDENTIAL_PATHS]
+    paths += SYSTEM_CREDENTIAL_PATHS
+    return sorted({os.path.realpath(path) for path in paths})
+
+
+def cover_except(root: str, denied: Iterable[str]) -> list[str]:
+    """Rules that cover ``root`` minus every path in ``denied``.
+
+    Landlock only allows, so a denial beneath an allowed folder is expressed by granting that
+    folder's other children instead, recursively along the path to each denied entry. Only
+    folders on those paths are listed. A symlink is granted only when its target lies clear of
+    every denied path (a rule follows the link, so ``~/keys -> ~/.ssh`` would grant ``.ssh``).
+    """
+    denied_set = {os.path.realpath(path) for path in denied}
+
+    def clear(path: str) -> bool:
+        return not any(_is_within(path, bad) or _is_within(bad, path) for bad in denied_set)
+
+    def walk(folder: str) -> list[str]:
+        if folder in denied_set:
+            return []
+        if not any(_is_within(bad, folder) for bad in denied_set):
+            return [folder]
+        grants: list[str] = []
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            return []
+        for entry in entries:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if clear(target) and os.path.exists(target):
+                    grants.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                grants.extend(walk(entry.path))
+            elif entry.path not in denied_set:
+                grants.append(entry.path)
+        return grants
+
+    return walk(os.path.realpath(root))

@@ -1,0 +1,104 @@
+"""What this host can enforce, measured once: the isolation report and the layer check.
+
+Nothing ever runs with less isolation than asked without saying so: `missing_layers` names
+each absent layer, `SandboxManager` warns with that list, and strict mode refuses.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import sys
+from typing import Any
+
+from ..policy.errors import SandboxError
+from ..policy.models import SandboxTier
+from . import landlock, seccomp
+
+__all__ = ["isolation_report", "missing_layers", "check_tier"]
+
+
+@functools.lru_cache(maxsize=1)
+def _userns() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    from .launcher import userns_usable
+
+    return userns_usable()
+
+
+def isolation_report() -> dict[str, Any]:
+    """Which confinement layers this host gives a sandboxed process, and which it lacks."""
+    linux = sys.platform.startswith("linux")
+    abi = landlock.landlock_abi()
+    unenforced = landlock.LandlockRuleset().unenforced() if abi else ["landlock"]
+    layers = {
+        "landlock": abi >= 1,
+        "landlock_tcp": abi >= landlock.NET_ABI,
+        "landlock_scoping": abi >= landlock.SCOPE_ABI,
+        "seccomp": linux and seccomp.supported_arch() is not None,
+        "user_namespace": _userns(),
+        "pid_namespace": linux and (_userns() or os.geteuid() == 0),
+        "network_namespace": linux and (_userns() or os.geteuid() == 0),
+        "rlimits": os.name == "posix",
+        "process_tree_monitor": True,
+    }
+    return {
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": sys.version.split()[0],
+        "landlock_abi": abi,
+        "landlock_unenforced": [] if abi == 0 else unenforced,
+        "running_as_root": os.name == "posix" and os.geteuid() == 0,
+        "child_identity": (
+            "unprivileged uid 65534 (the kernel runs as root)"
+            if os.name == "posix" and os.geteuid() == 0 else "the kernel's own uid in a user namespace"
+        ),
+        "layers": layers,
+        "missing": missing_layers(),
+        "tiers": {
+            "seccomp": "available" if all(layers[k] for k in ("landlock", "seccomp")) else "partial",
+            "gvisor": f"unavailable: runsc found ({shutil.which('runsc')}) but not driven yet"
+            if shutil.which("runsc") else "unavailable: runsc is not on PATH",
+            "firecracker": "unavailable: not supported by this release",
+        },
+    }
+
+
+def missing_layers() -> list[str]:
+    """Each confinement layer the `seccomp` tier wants and this host cannot give."""
+    missing: list[str] = []
+    if not sys.platform.startswith("linux"):
+        return [f"linux (this is {platform.system()}): no Landlock, seccomp or namespaces"]
+    abi = landlock.landlock_abi()
+    if abi < 1:
+        missing.append("landlock (filesystem confinement)")
+    else:
+        missing += [f"landlock:{name}" for name in landlock.LandlockRuleset().unenforced()]
+    if seccomp.supported_arch() is None:
+        missing.append(f"seccomp (no syscall table for {platform.machine()})")
+    if not _userns() and os.geteuid() != 0:
+        missing.append("namespaces (user namespaces are refused: no PID or network namespace)")
+    return missing
+
+
+def check_tier(tier: SandboxTier) -> None:
+    """Refuse, with the reason, every tier but `seccomp` (the kernel confinement this runner gives)."""
+    if tier is SandboxTier.firecracker:
+        raise SandboxError(
+            "sandbox_tier 'firecracker' is not available: this release has no Firecracker "
+            "backend; use 'seccomp' (kernel confinement) or 'gvisor'"
+        )
+    if tier is SandboxTier.gvisor:
+        runsc = shutil.which("runsc")
+        if runsc is None:
+            raise SandboxError(
+                "sandbox_tier 'gvisor' needs gVisor's runsc on PATH, and it is not installed; "
+                "install gVisor or use sandbox_tier 'seccomp'"
+            )
+        raise SandboxError(
+            f"sandbox_tier 'gvisor': runsc is installed ({runsc}) but this release does not "
+            "drive it yet; use sandbox_tier 'seccomp'"
+        )
+    return None

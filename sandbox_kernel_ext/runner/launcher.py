@@ -1,0 +1,314 @@
+"""The fork server: one single-threaded process per `SandboxManager`, started by exec.
+
+Landlock and seccomp confine only the calling thread, and a Jupyter kernel has many threads,
+so no confinement ever happens in the kernel's process. The launcher is exec'd with a scrubbed
+environment (a child's `/proc/self/environ` shows the environment its ancestors were exec'd
+with), forks a confined child per request (`child.spawn`), hands the manager a pidfd for it,
+reaps it as a child subreaper and reports its exit status and rusage.
+
+Protocol over a SOCK_SEQPACKET pair, one JSON object per message, descriptors in SCM_RIGHTS:
+  manager -> launcher  {"op": "spawn", "id": N, "plan": {...}, "fds": [names]} + fds
+  launcher -> manager  {"op": "spawned", "id": N, "pid": P} + [pidfd]
+                       {"op": "failed", "id": N, "error": "..."}
+                       {"op": "exited", "id": N, "status": S, "cpu_seconds": C, "maxrss_kb": R}
+End of file on the socket (the manager closed it or died) kills every live child and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from ..policy.errors import SandboxError
+from .kernel_calls import prctl
+from .plan import ChildPlan
+
+PR_SET_CHILD_SUBREAPER = 36
+MAX_MESSAGE = 4 * 1024 * 1024
+MAX_FDS = 8
+# The launcher's whole environment: nothing of the kernel's (API keys) may reach a fork.
+LAUNCHER_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
+
+
+def userns_usable() -> bool:
+    """Whether this process may create a user namespace (refused by some AppArmor setups)."""
+    from .child import CLONE_NEWUSER, unshare
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            unshare(CLONE_NEWUSER)
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+# -- the launcher process ------------------------------------------------------------------------
+
+def serve(sock: socket.socket) -> None:
+    from .child import spawn
+
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    use_userns = userns_usable()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupt is not ours
+    live: dict[int, int] = {}  # child pid -> request id
+    early: dict[int, int] = {}  # statuses reaped before we knew the pid was a sandbox
+
+    def send(message: dict[str, Any], fds: list[int] = ()) -> None:
+        try:
+            socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+        except OSError:
+            pass
+
+    def report_exit(pid: int, status: int, usage: Any) -> None:
+        send({"op": "exited", "id": live.pop(pid), "status": os.waitstatus_to_exitcode(status),
+              "cpu_seconds": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss})
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in live:
+                report_exit(pid, status, usage)
+            else:
+                early[pid] = status
+
+    while True:
+        try:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            reap()
+        if sock not in ready:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            break
+        try:
+            request = json.loads(data)
+            names = request["fds"]
+            if len(names) != len(fds):
+                raise ValueError("descriptor count does not match")
+            plan = ChildPlan.from_json(request["plan"])
+            pid, error = spawn(plan, dict(zip(names, fds)), use_userns=use_userns)
+        except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+            pid, error = 0, f"{type(exc).__name__}: {exc}"
+            request = request if isinstance(request, dict) else {}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if error or not pid:
+            if pid:
+                _kill_quietly(pid)
+            send({"op": "failed", "id": request.get("id"), "error": error or "no child started"})
+            continue
+        pidfd = os.pidfd_open(pid)
+        live[pid] = request["id"]
+        send({"op": "spawned", "id": request["id"], "pid": pid, "userns": use_userns}, [pidfd])
+        os.close(pidfd)
+        if pid in early:
+            report_exit(pid, early.pop(pid), _EmptyUsage())
+    for pid in list(live):
+        _kill_quietly(pid)
+    for pid in list(live):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+class _EmptyUsage:
+    ru_utime = ru_stime = 0.0
+    ru_maxrss = 0
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    sock = socket.socket(fileno=fd)
+    # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
+    serve(sock)
+
+
+# -- the manager's side --------------------------------------------------------------------------
+
+class SpawnedChild:
+    """A running confined child as the manager sees it: pid, pidfd, and its exit when known."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.pidfd = -1
+        self.userns = False
+        self.error: str | None = None
+        self.status: int | None = None
+        self.cpu_seconds = 0.0
+        self.maxrss_kb = 0
+        self.started = threading.Event()
+        self.exited = threading.Event()
+
+    def kill(self) -> None:
+        """SIGKILL PID 1 of the child's namespace: the kernel then kills all of it."""
+        if self.pidfd >= 0 and not self.exited.is_set():
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+class LauncherClient:
+    """Starts the launcher on first use and talks to it; thread-safe; restarts it if it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._pending: dict[int, SpawnedChild] = {}
+        self._next_id = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def _start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {name: os.environ[name] for name in LAUNCHER_ENV_NAMES if name in os.environ}
+        bootstrap = (
+            f"import sys; sys.path.insert(0, {package_parent!r}); "
+            "from sandbox_kernel_ext.runner.launcher import main; main()"
+        )
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-c", bootstrap, str(child.fileno())],
+                pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, cwd="/", start_new_session=True,
+            )
+        finally:
+            child.close()
+        self._sock = parent
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(parent,), name="sandbox-launcher-reader", daemon=True
+        )
+        self._reader.start()
+
+    def spawn(self, plan: ChildPlan, fds: dict[str, int]) -> SpawnedChild:
+        child = SpawnedChild()
+        with self._lock:
+            if self._sock is None or self._process is None or self._process.poll() is not None:
+                self._cleanup_locked()
+                self._start()
+            self._next_id += 1
+            request_id = self._next_id
+            self._pending[request_id] = child
+            message = {"op": "spawn", "id": request_id, "plan": plan.to_json(), "fds": list(fds)}
+            assert self._sock is not None
+            try:
+                socket.send_fds(self._sock, [json.dumps(message).encode()], list(fds.values()))
+            except OSError as exc:
+                self._pending.pop(request_id, None)
+                raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
+        child.started.wait()
+        if child.error is not None:
+            raise SandboxError(f"the sandbox could not start: {child.error}")
+        return child
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                break
+            message = json.loads(data)
+            with self._lock:
+                child = self._pending.get(message.get("id"))
+            if child is None:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            op = message["op"]
+            if op == "spawned":
+                child.pid, child.pidfd, child.userns = message["pid"], fds[0], message["userns"]
+                child.started.set()
+            elif op == "failed":
+                child.error = message["error"]
+                self._finish(message["id"], child)
+            elif op == "exited":
+                child.status = message["status"]
+                child.cpu_seconds = message["cpu_seconds"]
+                child.maxrss_kb = message["maxrss_kb"]
+                self._finish(message["id"], child)
+        with self._lock:
+            orphans = list(self._pending.items())
+        for request_id, child in orphans:
+            child.error = child.error or "the sandbox launcher exited"
+            self._finish(request_id, child)
+
+    def _finish(self, request_id: int, child: SpawnedChild) -> None:
+        with self._lock:
+            self._pending.pop(request_id, None)
+        child.started.set()
+        child.exited.set()
+
+    def _cleanup_locked(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def close(self) -> None:
+        """Closing the socket makes the launcher kill its live children and exit."""
+        with self._lock:
+            self._cleanup_locked()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+            self._reader = None
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,419 @@
+"""Seed 003's `SandboxManager`, with the confinement enforced by the kernel.
+
+Each sandbox is a policy, a private temporary folder and a state; each `execute` or
+`run_python` forks a confined child through the launcher (`launcher.py`), streams its output,
+watches its whole process tree with a `ResourceMonitor`, and kills the tree (PID 1 of its
+namespace) on a breach, a timeout or an interrupt.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import pickle
+import selectors
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..policy.errors import SandboxError
+from ..policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
+from .cell import MAX_VARIABLES_BYTES, decode_value
+from .isolation import check_tier, missing_layers
+from .launcher import LauncherClient, SpawnedChild
+from .monitor import ResourceMonitor
+from .plan import NOBODY_UID, build_plan
+
+__all__ = ["SandboxManager", "OutputCallback"]
+
+OutputCallback = Callable[[str, str], None]  # (stream name "stdout"/"stderr", text)
+_READ_CHUNK = 65536
+
+
+@dataclass
+class _Sandbox:
+    sandbox_id: str
+    capability: CapabilityDeclaration
+    home: str
+    status: SandboxStatus = SandboxStatus.created
+    monitor: ResourceMonitor | None = None
+    child: SpawnedChild | None = None
+    kill_reason: str | None = None
+    runs: int = 0
+    last_usage: dict[str, Any] = field(default_factory=dict)
+
+
+class _Stream:
+    """One output pipe: keeps at most `cap` bytes, counts the rest, decodes for callbacks."""
+
+    def __init__(self, name: str, cap: int, callback: OutputCallback | None) -> None:
+        self.name, self.cap, self.callback = name, cap, callback
+        self.kept = bytearray()
+        self.dropped = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, data: bytes) -> None:
+        room = self.cap - len(self.kept)
+        kept, extra = data[:max(room, 0)], data[max(room, 0):]
+        if kept:
+            self.kept += kept
+            if self.callback is not None:
+                self.callback(self.name, self._decoder.decode(kept))
+        if extra:
+            if self.dropped == 0 and self.callback is not None:
+                self.callback(self.name, self._decoder.decode(b"", final=True)
+                              + f"\n[sandbox] {self.name} capped at {self.cap} bytes\n")
+            self.dropped += len(extra)
+
+    def text(self) -> str:
+        text = self.kept.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[sandbox] {self.dropped} more bytes of {self.name} dropped (cap {self.cap} bytes)\n"
+        return text
+
+
+class SandboxManager:
+    """Create, run and destroy sandboxes whose children the operating system confines.
+
+    `child_uid`: the unprivileged uid a child drops to when this process runs as root
+    (default 65534, "nobody"); its writable folders must be writable by that uid.
+    `monitor_interval`: seconds between samples of the process tree (default 0.25).
+    `strict`: refuse to run when this host lacks a confinement layer (a policy's
+    `strict: true` does the same for its sandboxes).
+    """
+
+    ISOLATION_WARNING = (
+        "sandbox_kernel_ext: this host lacks confinement layers ({missing}); sandboxes run with "
+        "the layers it has. Set strict: true in the policy to refuse instead."
+    )
+
+    def __init__(
+        self, *, child_uid: int | None = None, monitor_interval: float = 0.25, strict: bool = False
+    ) -> None:
+        self._lock = threading.Lock()
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._launcher = LauncherClient()
+        self._interval = monitor_interval
+        self._strict = strict
+        self._is_root = os.name == "posix" and os.geteuid() == 0
+        self.child_uid = (child_uid if child_uid is not None else NOBODY_UID) if self._is_root else None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def create_sandbox(self, capability: CapabilityDeclaration) -> str:
+        if not isinstance(capability, CapabilityDeclaration):
+            raise SandboxError("create_sandbox takes a CapabilityDeclaration")
+        check_tier(capability.sandbox_tier)
+        missing = missing_layers()
+        if missing:
+            if self._strict or capability.strict:
+                raise SandboxError(
+                    "strict mode: this host cannot enforce " + "; ".join(missing)
+                )
+            warnings.warn(self.ISOLATION_WARNING.format(missing="; ".join(missing)), UserWarning,
+                          stacklevel=2)
+        build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir())  # validate now
+        sandbox_id = str(uuid.uuid4())
+        home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-")
+        if self.child_uid is not None:
+            os.chown(home, self.child_uid, self.child_uid)
+        os.chmod(home, 0o700)
+        self._check_writable(capability)
+        with self._lock:
+            self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home)
+        return sandbox_id
+
+    def _check_writable(self, capability: CapabilityDeclaration) -> None:
+        """As root the child is another uid: say so now, not as an EACCES in the cell."""
+        if self.child_uid is None:
+            return
+        from .plan import filesystem_grants
+
+        _, writable = filesystem_grants(capability)
+        for path in writable:
+            info = os.stat(path)
+            if info.st_uid != self.child_uid and not info.st_mode & 0o002:
+                raise SandboxError(
+                    f"writable path {path} is not writable by uid {self.child_uid}, the "
+                    "unprivileged user sandboxed children run as when the kernel runs as root; "
+                    f"chown it to {self.child_uid} or make it world-writable"
+                )
+
+    def _get(self, sandbox_id: str) -> _Sandbox:
+        with self._lock:
+            sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise SandboxError(f"unknown sandbox id {sandbox_id!r}")
+        return sandbox
+
+    def status(self, sandbox_id: str) -> SandboxStatus:
+        return self._get(sandbox_id).status
+
+    def list_sandboxes(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"sandbox_id": s.sandbox_id, "status": s.status, "tier": s.capability.sandbox_tier,
+                 "runs": s.runs, "pid": s.child.pid if s.child and not s.child.exited.is_set() else None}
+                for s in self._sandboxes.values()
+            ]
+
+    def destroy(self, sandbox_id: str) -> None:
+        sandbox = self._get(sandbox_id)
+        self.kill(sandbox_id, "sandbox destroyed")
+        if sandbox.child is not None:
+            sandbox.child.exited.wait(timeout=10)
+        with self._lock:
+            self._sandboxes.pop(sandbox_id, None)
+        shutil.rmtree(sandbox.home, ignore_errors=True)
+
+    def close(self) -> None:
+        """Destroy every sandbox and stop the launcher (nothing is left running)."""
+        for sandbox_id in [s["sandbox_id"] for s in self.list_sandboxes()]:
+            self.destroy(sandbox_id)
+        self._launcher.close()
+
+    def __enter__(self) -> SandboxManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def launcher_pid(self) -> int | None:
+        return self._launcher.pid
+
+    # -- control of a running child ---------------------------------------------------------------
+    def kill(self, sandbox_id: str, reason: str = "killed by request") -> None:
+        """Kill the running child's whole tree (no-op when nothing runs)."""
+        sandbox = self._get(sandbox_id)
+        child = sandbox.child
+        if child is not None and not child.exited.is_set():
+            if sandbox.kill_reason is None:
+                sandbox.kill_reason = reason
+            child.kill()
+
+    def record_usage(self, sandbox_id: str, *, tokens: int = 0, cost_usd: float = 0.0) -> None:
+        """Count model spend against the running sandbox's budgets (a breach kills it)."""
+        monitor = self._get(sandbox_id).monitor
+        if monitor is None:
+            raise SandboxError(f"sandbox {sandbox_id} is not running")
+        if tokens:
+            monitor.record_tokens(tokens)
+        if cost_usd:
+            monitor.record_cost(cost_usd)
+
+    def monitor(self, sandbox_id: str) -> ResourceMonitor | None:
+        """The running child's monitor (subscribe to it for live gauges), or None."""
+        return self._get(sandbox_id).monitor
+
+    # -- running ----------------------------------------------------------------------------------
+    def execute(
+        self,
+        sandbox_id: str,
+        command: list[str],
+        timeout: float = 30.0,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+        stdin: bytes | None = None,
+    ) -> SandboxResult:
+        """Run `command` (an argv list, no shell) confined; output streams to `on_output`."""
+        if not isinstance(command, list) or not command:
+            raise SandboxError("command must be a non-empty list of strings")
+        if any(ch in command[0] for ch in ";&|`$<>\n"):
+            raise SandboxError(f"shell metacharacters in the program name {command[0]!r}; "
+                               "pass an argv list (or run ['/bin/sh', '-c', line] explicitly)")
+        return self._run(sandbox_id, "exec", command, timeout, cwd=cwd, env=env,
+                         on_output=on_output, stdin=stdin)
+
+    def run_python(
+        self,
+        sandbox_id: str,
+        code: str,
+        *,
+        inputs: dict[str, Any] | None = None,
+        outputs: Iterable[str] = (),
+        timeout: float = 30.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> SandboxResult:
+        """Run Python source in a confined fork of the launcher's interpreter.
+
+        `inputs` are pickled in from this (trusted) side; `outputs` name variables to send
+        back, as JSON-safe data only, in `SandboxResult.variables`.
+        """
+        if not isinstance(code, str):
+            raise SandboxError("code must be a string")
+        outputs = list(outputs)
+        try:
+            payload = pickle.dumps({"code": code, "inputs": dict(inputs or {}), "outputs": outputs})
+        except Exception as exc:  # noqa: BLE001
+            raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
+        return self._run(sandbox_id, "python", [], timeout, cwd=cwd, env=env,
+                         on_output=on_output, payload=payload)
+
+    def _run(
+        self, sandbox_id: str, kind: str, argv: list[str], timeout: float, *,
+        cwd: str | None, env: dict[str, str] | None, on_output: OutputCallback | None,
+        stdin: bytes | None = None, payload: bytes | None = None,
+    ) -> SandboxResult:
+        if not timeout > 0:
+            raise SandboxError(f"timeout must be positive, got {timeout!r}")
+        sandbox = self._get(sandbox_id)
+        with self._lock:
+            if sandbox.status not in (SandboxStatus.created, SandboxStatus.stopped):
+                raise SandboxError(f"sandbox {sandbox_id} is {sandbox.status.value}, not ready to run")
+            sandbox.status = SandboxStatus.running
+            sandbox.kill_reason = None
+        try:
+            plan = build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
+                              env=env, uid=self.child_uid, gid=self.child_uid)
+            result = self._spawn_and_collect(sandbox, plan, timeout, on_output, stdin, payload)
+        except BaseException:
+            sandbox.status = SandboxStatus.failed if sandbox.child is None else SandboxStatus.stopped
+            raise
+        sandbox.status = SandboxStatus.stopped
+        sandbox.runs += 1
+        return result
+
+    def _spawn_and_collect(self, sandbox: _Sandbox, plan: Any, timeout: float,
+                           on_output: OutputCallback | None, stdin: bytes | None,
+                           payload: bytes | None) -> SandboxResult:
+        limits = sandbox.capability.resource_limits
+        cap = int(limits.max_output_mb * 1024 * 1024)
+        parent_fds: list[int] = []
+        child_fds: dict[str, int] = {}
+        try:
+            out_r, child_fds["stdout"] = os.pipe2(os.O_CLOEXEC)
+            err_r, child_fds["stderr"] = os.pipe2(os.O_CLOEXEC)
+            parent_fds += [out_r, err_r]
+            if stdin:
+                child_fds["stdin"] = _memfd("sandbox-stdin", stdin)
+            else:
+                child_fds["stdin"] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            control_r = None
+            if payload is not None:
+                control_r, child_fds["control"] = os.pipe2(os.O_CLOEXEC)
+                parent_fds.append(control_r)
+                child_fds["payload"] = _memfd("sandbox-cell", payload)
+            started = time.monotonic()
+            child = self._launcher.spawn(plan, child_fds)
+        finally:
+            for fd in child_fds.values():
+                os.close(fd)
+        sandbox.child = child
+        monitor = ResourceMonitor(
+            limits, interval=self._interval, timeout=timeout,
+            on_breach=lambda reason: self._breach(sandbox, child, reason),
+        )
+        sandbox.monitor = monitor
+        streams = {out_r: _Stream("stdout", cap, on_output), err_r: _Stream("stderr", cap, on_output)}
+        control = bytearray()
+        try:
+            monitor.start(child.pid)
+            self._pump(child, streams, control_r, control, started, timeout, sandbox)
+            child.exited.wait()
+        except BaseException:
+            self._breach(sandbox, child, "interrupted")
+            child.exited.wait(timeout=10)
+            raise
+        finally:
+            monitor.stop()
+            sandbox.monitor = None
+            for fd in parent_fds:
+                os.close(fd)
+            child.close()
+        return self._result(sandbox, child, monitor, streams, control, started)
+
+    def _breach(self, sandbox: _Sandbox, child: SpawnedChild, reason: str) -> None:
+        if sandbox.kill_reason is None:
+            sandbox.kill_reason = reason
+        child.kill()
+
+    def _pump(self, child: SpawnedChild, streams: dict[int, _Stream], control_r: int | None,
+              control: bytearray, started: float, timeout: float, sandbox: _Sandbox) -> None:
+        """Read every pipe until all reach end of file (the namespace is gone by then)."""
+        selector = selectors.DefaultSelector()
+        for fd in streams:
+            selector.register(fd, selectors.EVENT_READ)
+        if control_r is not None:
+            selector.register(control_r, selectors.EVENT_READ)
+        open_fds = len(selector.get_map())
+        deadline = started + timeout
+        try:
+            while open_fds:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and sandbox.kill_reason is None:
+                    self._breach(sandbox, child, f"timeout after {timeout:g} s")
+                for key, _ in selector.select(timeout=max(min(remaining, 0.5), 0.05)):
+                    data = os.read(key.fd, _READ_CHUNK)
+                    if not data:
+                        selector.unregister(key.fd)
+                        open_fds -= 1
+                    elif key.fd in streams:
+                        streams[key.fd].feed(data)
+                    elif len(control) + len(data) <= MAX_VARIABLES_BYTES + 1024:
+                        control += data
+                    else:
+                        self._breach(sandbox, child, "the child sent more control data than allowed")
+        finally:
+            selector.close()
+
+    def _result(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
+                streams: dict[int, _Stream], control: bytearray, started: float) -> SandboxResult:
+        usage = monitor.snapshot()
+        usage["cpu_seconds"] = round(max(usage.get("cpu_seconds", 0.0), child.cpu_seconds), 4)
+        usage["peak_memory_mb"] = round(max(usage.get("peak_memory_mb", 0.0), child.maxrss_kb / 1024), 2)
+        usage["elapsed_seconds"] = round(time.monotonic() - started, 4)
+        dropped = {s.name: s.dropped for s in streams.values() if s.dropped}
+        if dropped:
+            usage["output_dropped_bytes"] = dropped
+        sandbox.last_usage = usage
+        stdout, stderr = (s.text() for s in streams.values())
+        reason = sandbox.kill_reason or monitor.exceeded()
+        exit_code = child.status if child.status is not None else -1
+        if child.error:
+            stderr += f"[sandbox] {child.error}\n"
+        variables: dict[str, Any] = {}
+        if reason is not None:
+            exit_code = -1
+            stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + f"[sandbox] killed: {reason}\n"
+        elif control:
+            variables = _parse_variables(bytes(control))
+        return SandboxResult(
+            exit_code=exit_code, stdout=stdout, stderr=stderr,
+            duration_ms=(time.monotonic() - started) * 1000, resource_usage=usage,
+            killed=reason, variables=variables,
+        )
+
+
+def _parse_variables(data: bytes) -> dict[str, Any]:
+    """The child's one frame, parsed as untrusted JSON (never pickle)."""
+    try:
+        frame = json.loads(data.decode("utf-8"))
+        if not isinstance(frame, dict) or frame.get("type") != "variables":
+            raise ValueError("not a variables frame")
+        values = frame["values"]
+        if not isinstance(values, dict):
+            raise ValueError("values is not an object")
+        return {str(name): decode_value(value) for name, value in values.items()}
+    except (ValueError, KeyError, UnicodeDecodeError) as exc:
+        raise SandboxError(f"the sandbox sent malformed output variables: {exc}") from None
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    written = 0
+    view = memoryview(data)
+    while written < len(view):
+        written += os.write(fd, view[written:])
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -1,0 +1,307 @@
+"""Seed 003's `ResourceMonitor`: watch a process tree and the agent's spend.
+
+A daemon thread samples the whole tree rooted at the sandboxed process with psutil,
+because a cell that forks (pip, a shell, multiprocessing) must not escape the budget
+by moving its work into children. Tokens and cost are reported by the caller and are
+checked at once, so an over-budget model call is caught before the next poll. The
+limit decision itself stays in the pure `policy.limits.check_limits`.
+
+Only the first breach is reported (`on_breach` is called once); what to do about it,
+usually killing the tree, is the caller's business.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from ..policy.limits import check_limits as _check_limits
+from ..policy.models import ResourceLimits
+
+__all__ = ["ResourceMonitor"]
+
+logger = logging.getLogger(__name__)
+
+_THREAD_NAME = "sandbox-monitor"
+_MIB = 1024 * 1024
+# How long stop() waits for a poll stuck in a slow callback. The thread is a daemon and
+# polls no more once stopped, so giving up here leaks nothing that outlives the process.
+_JOIN_TIMEOUT = 10.0
+
+
+class ResourceMonitor:
+    """Track CPU, memory and process count of a process tree, plus tokens, cost and
+    elapsed time, against `ResourceLimits` (and an optional wall-clock `timeout`)."""
+
+    def __init__(
+        self,
+        limits: ResourceLimits,
+        *,
+        interval: float = 0.25,
+        on_breach: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, got {interval!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self._limits = limits
+        self._interval = float(interval)
+        self._on_breach = on_breach
+        self._timeout = timeout
+
+        # `_lock` guards the numbers; `_notify_lock` is held while a subscriber runs so
+        # that unsubscribe() returning means "no further calls" (re-entrant, so a
+        # subscriber may unsubscribe itself).
+        self._lock = threading.Lock()
+        self._notify_lock = threading.RLock()
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._root: psutil.Process | None = None
+
+        self._started_at = time.monotonic()
+        self._stopped_at: float | None = None
+        self._cpu_seconds = 0.0
+        self._memory_mb = 0.0
+        self._peak_memory_mb = 0.0
+        self._processes = 0
+        self._cpu_percent = 0.0
+        self._last_sample: tuple[float, float] | None = None  # (monotonic, cpu_seconds)
+        self._tokens_used = 0
+        self._cost_usd = 0.0
+        self._exceeded: str | None = None
+
+        self._subscribers: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._ids = itertools.count()
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self, pid: int | None = None) -> None:
+        """Start polling; with `pid`, also sample that process and all its descendants.
+
+        A pid that is already gone is not an error: the run may have ended first.
+        """
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("ResourceMonitor.start() may be called only once")
+            if pid is not None:
+                try:
+                    self._root = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    logger.debug("process %d is gone before monitoring started", pid)
+                except psutil.AccessDenied:
+                    logger.warning("cannot monitor process %d: access denied", pid)
+            self._started_at = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling and join the thread. Idempotent; safe from `on_breach` itself."""
+        with self._lock:
+            if self._stopped_at is None:
+                self._stopped_at = time.monotonic()
+            thread = self._thread
+        self._stop_event.set()
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(_JOIN_TIMEOUT)
+        if thread.is_alive():
+            logger.warning("resource monitor thread still busy in a callback after stop()")
+
+    # -- reports from the caller --------------------------------------------------
+
+    def record_tokens(self, count: int) -> None:
+        """Add model tokens; checked at once so a breach need not wait for a poll."""
+        if count < 0:
+            raise ValueError(f"token count must not be negative, got {count!r}")
+        with self._lock:
+            self._tokens_used += int(count)
+        self._evaluate()
+
+    def record_cost(self, amount_usd: float) -> None:
+        """Add spend in USD; checked at once like tokens."""
+        if math.isnan(amount_usd) or amount_usd < 0:
+            raise ValueError(f"cost must be a non-negative number, got {amount_usd!r}")
+        with self._lock:
+            self._cost_usd += float(amount_usd)
+        self._evaluate()
+
+    def record_memory(self, memory_mb: float) -> None:
+        """Report memory measured elsewhere (e.g. inside a VM); raises the peak only."""
+        if math.isnan(memory_mb) or memory_mb < 0:
+            raise ValueError(f"memory must be a non-negative number, got {memory_mb!r}")
+        with self._lock:
+            self._peak_memory_mb = max(self._peak_memory_mb, float(memory_mb))
+        self._evaluate()
+
+    # -- queries ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Usage so far; the first five keys are seed 003's, the rest are current values."""
+        with self._lock:
+            return self._snapshot_locked()
+
+    def check_limits(self) -> tuple[bool, str | None]:
+        """`(True, None)` or `(False, reason)` for the current usage. No side effects."""
+        with self._lock:
+            return self._check_locked(self._snapshot_locked())
+
+    def exceeded(self) -> str | None:
+        """The first breach reason seen, or None."""
+        with self._lock:
+            return self._exceeded
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Call `callback(snapshot)` after every poll, from the monitor thread.
+
+        Returns an unsubscribe function; once it returns, the callback is not called
+        again. A callback that raises is logged and dropped.
+        """
+        key = next(self._ids)
+        with self._notify_lock:
+            self._subscribers[key] = callback
+
+        def unsubscribe() -> None:
+            with self._notify_lock:
+                self._subscribers.pop(key, None)
+
+        return unsubscribe
+
+    # -- internals ------------------------------------------------------------------
+
+    def _snapshot_locked(self) -> dict[str, Any]:
+        end = self._stopped_at if self._stopped_at is not None else time.monotonic()
+        return {
+            "cpu_seconds": self._cpu_seconds,
+            "peak_memory_mb": self._peak_memory_mb,
+            "tokens_used": self._tokens_used,
+            "cost_usd": self._cost_usd,
+            "elapsed_seconds": max(0.0, end - self._started_at),
+            "memory_mb": self._memory_mb,
+            "processes": self._processes,
+            "cpu_percent": self._cpu_percent,
+        }
+
+    def _check_locked(self, snap: dict[str, Any]) -> tuple[bool, str | None]:
+        ok, reason = _check_limits(snap, self._limits)
+        if not ok:
+            return ok, reason
+        if self._timeout is not None and snap["elapsed_seconds"] > self._timeout:
+            return False, f"timeout after {self._timeout:g} s"
+        max_processes = getattr(self._limits, "max_processes", None)
+        if max_processes is not None and snap["processes"] > max_processes:
+            return False, (
+                f"process limit exceeded: {snap['processes']} processes, limit is {max_processes}"
+            )
+        return True, None
+
+    def _evaluate(self) -> dict[str, Any]:
+        """Check limits and fire `on_breach` on the first breach (outside the lock, so a
+        slow handler never blocks record_*() or snapshot())."""
+        with self._lock:
+            snap = self._snapshot_locked()
+            ok, reason = self._check_locked(snap)
+            first = not ok and self._exceeded is None
+            if first:
+                self._exceeded = reason
+        if first and reason is not None:
+            logger.info("resource limit breached: %s", reason)
+            if self._on_breach is not None:
+                try:
+                    self._on_breach(reason)
+                except Exception:
+                    logger.exception("on_breach handler failed")
+        return snap
+
+    def _run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self._poll()
+                snap = self._evaluate()
+                self._notify(snap)
+            except Exception:  # never let one bad poll end the watch
+                logger.exception("resource monitor poll failed")
+            self._stop_event.wait(self._interval)
+
+    def _poll(self) -> None:
+        sample = self._sample_tree()
+        if sample is None:
+            return  # no tree, or the root is gone: keep the last values
+        cpu_seconds, memory_mb, processes = sample
+        now = time.monotonic()
+        with self._lock:
+            # Children that exit without being reaped inside the tree take their CPU
+            # time with them, so the sum can drop; usage already spent still counts.
+            self._cpu_seconds = max(self._cpu_seconds, cpu_seconds)
+            self._memory_mb = memory_mb
+            self._peak_memory_mb = max(self._peak_memory_mb, memory_mb)
+            self._processes = processes
+            if self._last_sample is not None:
+                then, cpu_then = self._last_sample
+                if now > then:
+                    used = self._cpu_seconds - cpu_then
+                    self._cpu_percent = max(0.0, used / (now - then) * 100)
+            self._last_sample = (now, self._cpu_seconds)
+
+    def _sample_tree(self) -> tuple[float, float, int] | None:
+        """`(cpu_seconds, memory_mb, processes)` of the tree, or None if the root is gone.
+
+        Each process contributes its own CPU time plus that of the children it reaped
+        (`children_user/system`): a reaped process's time moves into its parent's
+        counters, so every second is counted exactly once, whoever reaped it.
+        """
+        root = self._root
+        if root is None:
+            return None
+        try:
+            if not root.is_running():  # also false when the pid was reused
+                return None
+            tree = [root, *root.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+        cpu_seconds = 0.0
+        rss = 0
+        processes = 0
+        for proc in tree:
+            try:
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    rss_bytes = proc.memory_info().rss
+            except psutil.ZombieProcess:
+                processes += 1  # exited but unreaped: still holds a process slot
+                continue
+            except psutil.NoSuchProcess:
+                if proc is root:
+                    return None
+                continue
+            except psutil.AccessDenied:
+                processes += 1
+                continue
+            processes += 1
+            rss += rss_bytes
+            cpu_seconds += times.user + times.system
+            cpu_seconds += getattr(times, "children_user", 0.0)
+            cpu_seconds += getattr(times, "children_system", 0.0)
+        return cpu_seconds, rss / _MIB, processes
+
+    def _notify(self, snap: dict[str, Any]) -> None:
+        with self._notify_lock:
+            keys = list(self._subscribers)
+        for key in keys:
+            with self._notify_lock:
+                callback = self._subscribers.get(key)
+                if callback is None:
+                    continue  # unsubscribed meanwhile
+                try:
+                    callback(dict(snap))
+                except Exception:
+                    logger.exception("resource monitor subscriber %r failed; dropped", callback)
+                    self._subscribers.pop(key, None)

@@ -1,0 +1,230 @@
+"""What one confined child gets, computed on the trusted side from a `CapabilityDeclaration`.
+
+A `ChildPlan` is plain data (it crosses to the launcher as JSON): the paths Landlock allows,
+the rlimits, the environment, the identity and the program. Nothing here runs a process; the
+child side (`child.py`) only carries the plan out, so every decision is made and testable here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import math
+import os
+import resource
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..policy.errors import SandboxError
+from ..policy.models import CapabilityDeclaration, FilesystemMode
+from . import landlock
+
+__all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID"]
+
+NOBODY_UID = 65534
+# Always set by the runner; never taken from the kernel's environment.
+BASE_ENV_NAMES = ("PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+# Programs a shell command needs: system binaries and libraries (no user data lives there).
+SYSTEM_READ_SET = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/opt")
+# Replaced by narrower grants when a policy reads "everywhere".
+_EVERYWHERE_EXCLUDED = ("/proc", "/sys", "/dev", "/etc", "/tmp/.X11-unix")
+
+
+@dataclass
+class ChildPlan:
+    kind: str  # "exec": run argv; "python": run cell code in the forked interpreter
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    read_paths: list[str]
+    write_paths: list[str]
+    rlimits: dict[str, list[int]]
+    uid: int | None  # identity to drop to when the launcher runs as root
+    gid: int | None
+    label: str = "sandbox"
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChildPlan:
+        return cls(**data)
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_read_set() -> tuple[str, ...]:
+    """The interpreter, its libraries, the package itself and system binaries (computed once:
+    it walks /etc)."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = landlock.python_read_set(extra=[package_dir])
+    paths += [path for path in SYSTEM_READ_SET if os.path.exists(path)]
+    return tuple(dict.fromkeys(paths))
+
+
+def denied_reads() -> list[str]:
+    """The credential deny list plus this machine's Jupyter runtime folder (its connection
+    files hold the keys that let anyone run code in the kernel)."""
+    denied = landlock.credential_paths()
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        denied.append(os.path.realpath(jupyter_runtime_dir()))
+    except Exception:  # jupyter_core is optional for the runner
+        pass
+    return denied
+
+
+@functools.lru_cache(maxsize=4)
+def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(landlock.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
+
+
+def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
+    out = []
+    for path in paths:
+        full = os.path.realpath(os.path.join(base, os.path.expanduser(path)))
+        if not os.path.exists(full):
+            raise SandboxError(f"{what} {path!r} does not exist (resolved to {full})")
+        out.append(full)
+    return out
+
+
+def filesystem_grants(capability: CapabilityDeclaration) -> tuple[list[str], list[str]]:
+    """(readable, writable) host paths the policy grants, before the runtime's own set.
+
+    Seed 003's `filesystem_config` and the seed-000 path table both count: a table root with
+    mode `rw` and no `write_approval` is writable, `ro` (or `rw` behind an approval) readable,
+    and a `read_approval` root is not reachable from a sandboxed process at all, since nobody
+    can be asked from inside it yet.
+    """
+    base = str(capability.base_path)
+    config = capability.filesystem_config
+    readable: list[str] = []
+    writable: list[str] = []
+    if config.mode is not FilesystemMode.none:
+        if config.mode is FilesystemMode.read_write:
+            if not config.writable_paths:
+                raise SandboxError(
+                    "filesystem_config.mode is read_write but writable_paths is empty: seed 003 "
+                    "reads that as 'write everywhere', which the runner refuses; list the folders"
+                )
+            writable += _real_paths(config.writable_paths, base, "writable path")
+        if config.readable_paths is None:
+            readable += list(_everywhere_read_set(tuple(denied_reads())))
+        else:
+            readable += _real_paths(config.readable_paths, base, "readable path")
+    table = capability.sandbox_config()
+    if table is not None:
+        if table.root is not None:
+            root = _real_paths([str(table.root.root)], base, "root")[0]
+            (readable if table.root.readonly else writable).append(root)
+        for name, entry in (table.paths or {}).items():
+            if entry.read_approval:
+                continue
+            root = _real_paths([entry.root], base, f"paths.{name}.root")[0]
+            if entry.mode == "rw" and not entry.write_approval:
+                writable.append(root)
+            else:
+                readable.append(root)
+    return readable, writable
+
+
+def child_environment(
+    capability: CapabilityDeclaration, home: str, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """A fresh environment: the runner's base, then names the policy allows by name (with
+    `read_env` and `env_allowlist`; patterns like `LC_*` work), then the caller's `extra`."""
+    interpreter_bin = os.path.dirname(sys.executable)
+    env = {
+        "PATH": f"{interpreter_bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if "read_env" in capability.permissions and capability.env_allowlist:
+        for name, value in os.environ.items():
+            if name not in BASE_ENV_NAMES and any(
+                fnmatch.fnmatchcase(name, pattern) for pattern in capability.env_allowlist
+            ):
+                env[name] = value
+    for name, value in (extra or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str) or "=" in name or not name:
+            raise SandboxError(f"environment entry {name!r} must be a NAME=str pair")
+        env[name] = value
+    return env
+
+
+def rlimits_for(capability: CapabilityDeclaration) -> dict[str, list[int]]:
+    """Kernel-enforced backstops; the monitor enforces the exact budgets on the whole tree."""
+    limits = capability.resource_limits
+    mib = 1024 * 1024
+    cpu = math.ceil(limits.max_cpu_seconds) + 1
+    # Address space, not RSS: give headroom for what libraries reserve but never touch; the
+    # monitor kills on the tree's resident memory at the real limit.
+    address_space = (limits.max_memory_mb + max(limits.max_memory_mb, 256)) * mib
+    return {
+        "RLIMIT_AS": [address_space, address_space],
+        "RLIMIT_CPU": [cpu, cpu + 1],
+        "RLIMIT_FSIZE": [limits.max_file_size_mb * mib] * 2,
+        "RLIMIT_NOFILE": [limits.max_open_files] * 2,
+        "RLIMIT_NPROC": [limits.max_processes] * 2,
+        "RLIMIT_CORE": [0, 0],
+    }
+
+
+def resolve_command(argv: list[str], env: dict[str, str]) -> list[str]:
+    """argv with its program resolved on the child's PATH (so errors come before the fork)."""
+    if not argv or not isinstance(argv[0], str) or not argv[0]:
+        raise SandboxError("command must be a non-empty list of strings")
+    if any(not isinstance(arg, str) or "\0" in arg for arg in argv):
+        raise SandboxError("every command argument must be a string without NUL bytes")
+    program = argv[0]
+    if "/" not in program:
+        found = shutil.which(program, path=env["PATH"])
+        if found is None:
+            raise SandboxError(f"command not found on the sandbox's PATH: {program!r}")
+        program = found
+    return [program, *argv[1:]]
+
+
+def build_plan(
+    capability: CapabilityDeclaration,
+    *,
+    kind: str,
+    argv: list[str],
+    home: str,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> ChildPlan:
+    readable, writable = filesystem_grants(capability)
+    child_env = child_environment(capability, home, env)
+    if kind == "exec":
+        argv = resolve_command(argv, child_env)
+    workdir = os.path.realpath(cwd) if cwd else (writable[0] if writable else home)
+    write_paths = [home, *writable, *landlock.python_write_set()]
+    read_paths = [*runtime_read_set(), *readable]
+    if not any(landlock._is_within(workdir, path) for path in [*read_paths, *write_paths]):
+        raise SandboxError(f"working directory {workdir} is not readable under this policy")
+    return ChildPlan(
+        kind=kind,
+        argv=argv,
+        env=child_env,
+        cwd=workdir,
+        read_paths=read_paths,
+        write_paths=list(dict.fromkeys(write_paths)),
+        rlimits=rlimits_for(capability),
+        uid=uid,
+        gid=gid,
+    )
+
+
+RLIMIT_NUMBERS = {name: getattr(resource, name) for name in (
+    "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE",
+)}
