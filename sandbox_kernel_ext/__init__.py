@@ -70,8 +70,21 @@ from .policy import (
     check_limits,
     validate_path_access,
 )
+from .runner import (
+    ResourceMonitor,
+    SandboxManager,
+    isolation_report,
+)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    if name == "TerminalTool":
+        from .runner.terminal import TerminalTool
+
+        return TerminalTool
+    raise AttributeError(name)
 
 __all__ = [
     "ApprovalBroker", "ApprovalDecision", "ApprovalDeniedError", "ApprovalRecord",
@@ -83,8 +96,8 @@ __all__ = [
     "FilesystemTool", "HeadlessResponder", "ListResult", "NetworkEgressRule", "PathConfig",
     "PathNotFoundError", "PathNotInSandboxError", "PathNotWritableError", "QuotaExceededError",
     "RateLimiter", "ReadResult", "ResourceLimits", "RootSandboxConfig", "Sandbox", "SandboxConfig",
-    "SandboxError", "SandboxPermissionEscalationError", "SandboxResult", "SandboxStatus",
-    "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "Tool",
+    "ResourceMonitor", "SandboxError", "SandboxManager", "SandboxPermissionEscalationError", "SandboxResult", "SandboxStatus",
+    "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "TerminalTool", "Tool",
     "ToolError", "WriteResult", "check_egress", "filesystem_list", "filesystem_read",
-    "filesystem_write", "check_limits", "validate_path_access",
+    "filesystem_write", "check_limits", "isolation_report", "validate_path_access",
 ]

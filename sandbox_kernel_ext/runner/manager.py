@@ -271,11 +271,16 @@ class SandboxManager:
         with self._lock:
             if sandbox.status not in (SandboxStatus.created, SandboxStatus.stopped):
                 raise SandboxError(f"sandbox {sandbox_id} is {sandbox.status.value}, not ready to run")
-            sandbox.status = SandboxStatus.running
+            previous, sandbox.status = sandbox.status, SandboxStatus.running
             sandbox.kill_reason = None
+            sandbox.child = None
         try:
             plan = build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
                               env=env, uid=self.child_uid, gid=self.child_uid)
+        except BaseException:
+            sandbox.status = previous  # a bad request changes nothing
+            raise
+        try:
             result = self._spawn_and_collect(sandbox, plan, timeout, on_output, stdin, payload)
         except BaseException:
             sandbox.status = SandboxStatus.failed if sandbox.child is None else SandboxStatus.stopped

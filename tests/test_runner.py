@@ -1,0 +1,279 @@
+"""SandboxManager, run_python, sandbox-run and the launcher, driven for real (no mocks).
+
+The confined child runs as uid 65534 when the tests run as root, so every folder handed to
+a sandbox is made under /tmp with modes that uid can use."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox_kernel_ext import (
+    CapabilityDeclaration,
+    CapabilityParser,
+    FilesystemConfig,
+    FilesystemMode,
+    ResourceLimits,
+    SandboxError,
+    SandboxManager,
+    SandboxStatus,
+    SandboxTier,
+    isolation_report,
+)
+from sandbox_kernel_ext.runner import landlock
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or landlock.landlock_abi() < 1,
+    reason="the runner's confinement needs Linux with Landlock",
+)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder the sandbox's unprivileged uid may write (what a user would chown)."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-test-", dir="/tmp"))
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def manager() -> Iterator[SandboxManager]:
+    with SandboxManager() as m:
+        yield m
+
+
+def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:
+    fs = FilesystemConfig(mode=FilesystemMode.read_write, writable_paths=[str(rw)]) if rw else FilesystemConfig()
+    return CapabilityDeclaration(filesystem_config=fs, resource_limits=ResourceLimits(**limits))
+
+
+def _no_sandbox_processes() -> bool:
+    uid = 65534 if os.geteuid() == 0 else os.getuid()
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    return not [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid
+                and (os.geteuid() == 0 or p.pid in mine)]
+
+
+def test_python_cell_variables_in_and_out(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    result = manager.run_python(
+        sid, "total = sum(xs)\nblob = data * 2\nnested = {'a': [1, None, 2.5], 'b': (True,)}",
+        inputs={"xs": [1, 2, 3], "data": b"\x00\xff"}, outputs=["total", "blob", "nested"],
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.variables == {"total": 6, "blob": b"\x00\xff\x00\xff",
+                                "nested": {"a": [1, None, 2.5], "b": [True]}}
+    assert manager.status(sid) is SandboxStatus.stopped
+
+
+def test_non_json_output_variable_is_a_clear_error(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    result = manager.run_python(sid, "import fractions\nf = fractions.Fraction(1, 3)", outputs=["f"])
+    assert result.exit_code == 1 and result.variables == {}
+    assert "output variable 'f' is a Fraction" in result.stderr
+    missing = manager.run_python(sid, "x = 1", outputs=["y"])
+    assert "not defined by the cell: y" in missing.stderr
+
+
+def test_cell_exception_traceback_shows_the_cell_line(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    result = manager.run_python(sid, "a = 1\nraise ValueError('boom')\n")
+    assert result.exit_code == 1 and result.killed is None
+    assert '<sandbox-cell>", line 2' in result.stderr and "raise ValueError('boom')" in result.stderr
+    assert manager.run_python(sid, "import sys; sys.exit(7)").exit_code == 7
+
+
+def test_output_streams_live_in_order(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    seen: list[tuple[str, str]] = []
+    code = "import sys, time\nprint('one', flush=True)\ntime.sleep(0.3)\nprint('two', file=sys.stderr)"
+    result = manager.run_python(sid, code, on_output=lambda name, text: seen.append((name, text)))
+    assert ("stdout", "one\n") in seen and ("stderr", "two\n") in seen
+    assert seen.index(("stdout", "one\n")) < seen.index(("stderr", "two\n"))
+    assert result.stdout == "one\n" and result.stderr == "two\n"
+
+
+def test_writable_root_is_writable_and_nothing_else(manager: SandboxManager, shared_dir: Path) -> None:
+    sid = manager.create_sandbox(_policy(shared_dir))
+    result = manager.execute(sid, ["sh", "-c", f"echo ok > {shared_dir}/out.txt && echo no > /tmp/sbx-outside-$$"])
+    assert (shared_dir / "out.txt").read_text() == "ok\n"
+    assert result.exit_code != 0 and "Permission denied" in result.stderr
+    assert not list(Path("/tmp").glob("sbx-outside-*"))
+
+
+def test_resource_usage_has_the_seed_keys(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    usage = manager.execute(sid, ["/bin/true"]).resource_usage
+    assert {"cpu_seconds", "peak_memory_mb", "tokens_used", "cost_usd", "elapsed_seconds"} <= set(usage)
+
+
+def test_token_budget_breach_kills_the_run(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy(max_tokens=100))
+    threading.Timer(0.5, lambda: manager.record_usage(sid, tokens=150)).start()
+    result = manager.run_python(sid, "import time; time.sleep(30)", timeout=20)
+    assert result.exit_code == -1 and "Token limit exceeded" in (result.killed or "")
+    assert result.stderr.endswith("[sandbox] killed: " + result.killed + "\n")
+    assert result.resource_usage["tokens_used"] == 150
+
+
+def test_monitor_snapshots_reach_subscribers_while_running(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    snapshots: list[dict] = []
+
+    def watch(name: str, text: str) -> None:
+        monitor = manager.monitor(sid)
+        if monitor is not None and "go" in text:
+            monitor.subscribe(snapshots.append)
+
+    manager.run_python(sid, "import time\nprint('go', flush=True)\ntime.sleep(1.2)", on_output=watch)
+    assert snapshots and all("memory_mb" in snap for snap in snapshots)
+
+
+def test_interrupt_kills_the_whole_tree(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+
+    def interrupt(name: str, text: str) -> None:
+        if "ready" in text:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        manager.execute(sid, ["sh", "-c", "setsid sleep 300 & sleep 300 & echo ready; wait"],
+                        on_output=interrupt)
+    for _ in range(100):
+        if _no_sandbox_processes():
+            break
+        threading.Event().wait(0.05)
+    assert _no_sandbox_processes()
+    assert manager.status(sid) is SandboxStatus.stopped
+    assert manager.execute(sid, ["/bin/true"]).exit_code == 0  # usable again
+
+
+def test_errors_name_the_problem(manager: SandboxManager, shared_dir: Path) -> None:
+    with pytest.raises(SandboxError, match="unknown sandbox id"):
+        manager.execute("nope", ["true"])
+    sid = manager.create_sandbox(_policy())
+    with pytest.raises(SandboxError, match="non-empty list"):
+        manager.execute(sid, [])
+    with pytest.raises(SandboxError, match="metacharacters"):
+        manager.execute(sid, ["ls;rm"])
+    with pytest.raises(SandboxError, match="command not found.*'no-such-program'"):
+        manager.execute(sid, ["no-such-program"])
+    with pytest.raises(SandboxError, match="writable_paths is empty"):
+        manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(mode=FilesystemMode.read_write)))
+    with pytest.raises(SandboxError, match="firecracker' is not available"):
+        manager.create_sandbox(CapabilityDeclaration(sandbox_tier=SandboxTier.firecracker))
+    with pytest.raises(SandboxError, match="gvisor"):
+        manager.create_sandbox(CapabilityDeclaration(sandbox_tier=SandboxTier.gvisor))
+    with pytest.raises(SandboxError, match="does not exist"):
+        manager.create_sandbox(_policy(shared_dir / "missing"))
+    assert manager.status(sid) is SandboxStatus.created
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops the child to another uid")
+def test_root_refuses_a_writable_root_the_child_cannot_write(manager: SandboxManager, shared_dir: Path) -> None:
+    os.chmod(shared_dir, 0o755)
+    with pytest.raises(SandboxError, match="not writable by uid 65534"):
+        manager.create_sandbox(_policy(shared_dir))
+
+
+def test_list_destroy_and_lifecycle() -> None:
+    with SandboxManager() as m:
+        sid = m.create_sandbox(_policy())
+        assert [s["sandbox_id"] for s in m.list_sandboxes()] == [sid]
+        assert m.list_sandboxes()[0]["status"] is SandboxStatus.created
+        m.execute(sid, ["/bin/true"])
+        launcher = m.launcher_pid
+        assert launcher is not None and psutil.pid_exists(launcher)
+        m.destroy(sid)
+        assert m.list_sandboxes() == []
+        with pytest.raises(SandboxError):
+            m.status(sid)
+    assert not psutil.pid_exists(launcher) or psutil.Process(launcher).status() == psutil.STATUS_ZOMBIE
+
+
+def test_concurrent_runs_from_threads(manager: SandboxManager) -> None:
+    ids = [manager.create_sandbox(_policy()) for _ in range(4)]
+    results: dict[str, str] = {}
+
+    def run(sid: str) -> None:
+        results[sid] = manager.run_python(sid, f"print({sid!r})").stdout
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {sid: sid + "\n" for sid in ids}
+
+
+def test_isolation_report_matches_this_host() -> None:
+    report = isolation_report()
+    assert report["landlock_abi"] == landlock.landlock_abi()
+    assert report["layers"]["landlock"] is True
+    assert report["tiers"]["firecracker"].startswith("unavailable")
+
+
+def _venv_python() -> str:
+    return sys.executable
+
+
+def test_sandbox_run_cli(shared_dir: Path) -> None:
+    policy = shared_dir / "policy.yaml"
+    policy.write_text(f"filesystem_config:\n  mode: read_write\n  writable_paths: [{shared_dir}]\n")
+    cli = [_venv_python(), "-m", "sandbox_kernel_ext.runner.cli"]
+    done = subprocess.run([*cli, "--policy", str(policy), "--", "sh", "-c", f"echo hi > {shared_dir}/f; exit 3"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and (shared_dir / "f").read_text() == "hi\n"
+    done = subprocess.run([*cli, "--timeout", "0.5", "--", "sleep", "30"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "[sandbox] killed: timeout after 0.5 s" in done.stderr
+    bad = shared_dir / "bad.yaml"
+    bad.write_text("resource_limits:\n  max_memmory_mb: 1\n")
+    done = subprocess.run([*cli, "--policy", str(bad), "--", "true"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "line 2" in done.stderr and "max_memmory_mb" in done.stderr
+    done = subprocess.run([*cli, "--check", "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and '"landlock_abi"' in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_unprivileged_kernel_confines_through_a_user_namespace(shared_dir: Path) -> None:
+    """A kernel that is not root: the child keeps its uid inside a user namespace."""
+    script = shared_dir / "run.py"
+    script.write_text(
+        "from sandbox_kernel_ext import SandboxManager, CapabilityDeclaration\n"
+        "with SandboxManager() as m:\n"
+        "    sid = m.create_sandbox(CapabilityDeclaration())\n"
+        "    r = m.execute(sid, ['sh', '-c', 'cat /proc/self/uid_map; echo x > /tmp/sbx-unpriv-escape'])\n"
+        "    print(r.exit_code, r.stdout.split(), r.stderr)\n"
+    )
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", _venv_python(), str(script)],
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"], "HOME": str(shared_dir)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "['65534', '65534', '1']" in done.stdout and "Permission denied" in done.stdout
+    assert not Path("/tmp/sbx-unpriv-escape").exists()
+
+
+def test_policy_file_drives_the_runner(shared_dir: Path, manager: SandboxManager) -> None:
+    (shared_dir / "ro").mkdir()
+    (shared_dir / "ro" / "in.txt").write_text("data")
+    os.chmod(shared_dir / "ro", 0o755)
+    policy_file = shared_dir / "policy.yaml"
+    policy_file.write_text(
+        "filesystem_config:\n  mode: read_only\n  readable_paths: [ro]\nresource_limits:\n  max_memory_mb: 64\n"
+    )
+    policy = CapabilityParser.from_file(policy_file)
+    sid = manager.create_sandbox(policy)
+    result = manager.run_python(sid, f"print(open('{shared_dir}/ro/in.txt').read())\nopen('/etc/hostname').read()\n"
+                                     "open('/tmp/x', 'w')")
+    assert result.stdout == "data\n" and "PermissionError" in result.stderr
