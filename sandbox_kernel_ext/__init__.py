@@ -70,11 +70,9 @@ from .policy import (
     check_limits,
     validate_path_access,
 )
-from .runner import (
-    ResourceMonitor,
-    SandboxManager,
-    isolation_report,
-)
+from .runner.isolation import isolation_report
+from .runner.manager import SandboxManager
+from .runner.monitor import ResourceMonitor
 
 __version__ = "0.1.0"
 

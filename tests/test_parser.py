@@ -100,6 +100,10 @@ def test_full_policy_uses_every_field() -> None:
         "max_cpu_seconds": 10.5,
         "max_cost_usd": 0.05,
         "max_tokens": 50000,
+        "max_processes": 256,
+        "max_file_size_mb": 1024,
+        "max_open_files": 256,
+        "max_output_mb": 8.0,
     }
     assert policy.permissions == ["read_env"]
     assert policy.env_allowlist == ["PATH", "HOME"]

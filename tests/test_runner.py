@@ -277,3 +277,36 @@ def test_policy_file_drives_the_runner(shared_dir: Path, manager: SandboxManager
     result = manager.run_python(sid, f"print(open('{shared_dir}/ro/in.txt').read())\nopen('/etc/hostname').read()\n"
                                      "open('/tmp/x', 'w')")
     assert result.stdout == "data\n" and "PermissionError" in result.stderr
+
+
+def test_a_killed_kernel_leaves_no_sandbox_behind(shared_dir: Path) -> None:
+    """SIGKILL the process that owns the manager mid-run: the launcher sees its socket close
+    and kills the child's namespace, `setsid` grandchild included."""
+    marker = f"{os.getpid()}{threading.get_ident() % 1000}"
+    script = shared_dir / "owner.py"
+    script.write_text(
+        "from sandbox_kernel_ext import SandboxManager, CapabilityDeclaration\n"
+        "m = SandboxManager()\n"
+        "sid = m.create_sandbox(CapabilityDeclaration())\n"
+        f"m.execute(sid, ['sh', '-c', 'setsid sleep {marker}1 & sleep {marker}2'], timeout=120)\n"
+    )
+    owner = subprocess.Popen([_venv_python(), str(script)])
+
+    def sleepers() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
+                and p.info["cmdline"][0] == "sleep" and p.info["cmdline"][-1].startswith(marker)]
+
+    try:
+        for _ in range(400):
+            if len(sleepers()) == 2:
+                break
+            threading.Event().wait(0.05)
+        assert len(sleepers()) == 2
+    finally:
+        owner.kill()
+        owner.wait()
+    for _ in range(200):
+        if not sleepers():
+            break
+        threading.Event().wait(0.05)
+    assert sleepers() == []

@@ -2,22 +2,28 @@
 
 `SandboxManager` (seed 003) runs them; `ResourceMonitor` watches a process tree's budgets;
 `TerminalTool` (seed 004) is an agent's shell; `isolation_report()` says what this host
-enforces. Importing this package is safe on any OS.
+enforces. Importing this package is safe on any OS, and cheap: each name loads its module
+on first use (the primitives `landlock` and `seccomp` stay importable on their own).
 """
 
-from .isolation import isolation_report, missing_layers
-from .manager import SandboxManager
-from .monitor import ResourceMonitor
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "SandboxManager": "manager",
+    "ResourceMonitor": "monitor",
+    "TerminalTool": "terminal",
+    "DEFAULT_BLACKLIST": "terminal",
+    "command_words": "terminal",
+    "isolation_report": "isolation",
+    "missing_layers": "isolation",
+}
+
+__all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> object:  # the terminal tool pulls in the file layer's Tool base
-    if name in {"DEFAULT_BLACKLIST", "TerminalTool", "command_words"}:
-        from . import terminal
-
-        return getattr(terminal, name)
-    raise AttributeError(name)
-
-__all__ = [
-    "DEFAULT_BLACKLIST", "ResourceMonitor", "SandboxManager", "TerminalTool", "command_words",
-    "isolation_report", "missing_layers",
-]
+def __getattr__(name: str) -> object:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
