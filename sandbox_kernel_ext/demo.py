@@ -23,12 +23,36 @@ from . import (
     EgressFilter,
     FileSystemToolset,
     SandboxError,
+    SandboxManager,
+    isolation_report,
 )
+
+SANDBOXED_CELL = """\
+print("read docs/guide.md:", open(f"{root}/docs/guide.md").readline().strip())
+open(f"{root}/scratch/from-sandbox.txt", "w").write("written inside the sandbox\\n")
+print("wrote scratch/from-sandbox.txt")
+import os, socket, signal
+attempts = {
+    "read secret.txt (outside the roots)": lambda: open(f"{root}/secret.txt").read(),
+    "write docs/guide.md (read-only root)": lambda: open(f"{root}/docs/guide.md", "w"),
+    "read /etc/shadow": lambda: open("/etc/shadow").read(),
+    "connect to 1.1.1.1:443": lambda: socket.create_connection(("1.1.1.1", 443), timeout=2),
+    "kill the kernel": lambda: os.kill(kernel_pid, signal.SIGKILL),
+    "read the kernel's API key": lambda: os.environ["DEMO_API_KEY"],
+}
+for label, attempt in attempts.items():
+    try:
+        attempt()
+        print("  ESCAPED ", label)
+    except Exception as exc:
+        print("  refused ", label, "--", type(exc).__name__, getattr(exc, "strerror", None) or exc)
+"""
 
 POLICY = """\
 # Everything a sandbox may do, in one file.
 sandbox_tier: seccomp
 resource_limits: {max_memory_mb: 256, max_cpu_seconds: 10}
+filesystem_config: {mode: read_only, readable_paths: []}   # sandboxed code: only the table below
 network_egress_rules:
   - {domain: api.openai.com, ports: [443], rate_limit_per_min: 30}
   - {domain: "*.python.org", ports: [443]}
@@ -117,6 +141,35 @@ def main() -> None:
             print(f"  {exc}".replace(str(root) + "/", ""))
         print(f"\nLLM tool definitions offered: {', '.join(t['function']['name'] for t in tools.tool_definitions())}")
         tools.close()
+        runner_tour(root, policy)
+
+
+def runner_tour(root: Path, policy: object) -> None:
+    """The same policy confining arbitrary code: a Python cell run by the kernel's rules."""
+    report = isolation_report()
+    print(f"\nSandboxed code under the same policy (Landlock ABI {report['landlock_abi']}; "
+          f"missing layers: {', '.join(report['missing']) or 'none'}):")
+    if os.geteuid() == 0:  # the child runs as uid 65534: let it reach the demo's folders
+        os.chmod(root, 0o755)
+        for name in ("docs", "notes"):
+            os.chmod(root / name, 0o755)
+        os.chmod(root / "scratch", 0o777)
+    os.environ["DEMO_API_KEY"] = "sk-demo-not-for-sandboxes"
+    with SandboxManager() as manager:
+        sandbox_id = manager.create_sandbox(policy)
+        result = manager.run_python(
+            sandbox_id, SANDBOXED_CELL, inputs={"root": str(root), "kernel_pid": os.getpid()},
+            on_output=lambda stream, text: print(textwrap.indent(text, "    "), end=""),
+        )
+        print(f"  exit code {result.exit_code}; {result.resource_usage['cpu_seconds']} s CPU, "
+              f"peak {result.resource_usage['peak_memory_mb']} MB")
+        print("  the file the sandbox wrote, read by the kernel:",
+              (root / "scratch" / "from-sandbox.txt").read_text().strip())
+        hog = manager.run_python(sandbox_id, "blocks = []\nwhile True: blocks.append(bytearray(2**24))",
+                                 timeout=10)
+        print(f"  a cell that eats memory: exit code {hog.exit_code}, killed: {hog.killed}")
+        print("  a cell that sleeps past its timeout:",
+              manager.run_python(sandbox_id, "import time; time.sleep(60)", timeout=1).killed)
 
 
 if __name__ == "__main__":
