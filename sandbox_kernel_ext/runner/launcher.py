@@ -52,6 +52,15 @@ def userns_usable() -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One message and its descriptors; (b"", []) once the other side is gone."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except OSError:
+        return b"", []
+    return data, fds
+
+
 # -- the launcher process ------------------------------------------------------------------------
 
 def serve(sock: socket.socket) -> None:
@@ -103,10 +112,7 @@ def serve(sock: socket.socket) -> None:
             reap()
         if sock not in ready:
             continue
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-        except OSError:
-            data, fds = b"", []
+        data, fds = receive(sock)
         if not data:
             break
         try:
@@ -251,10 +257,7 @@ class LauncherClient:
 
     def _read_loop(self, sock: socket.socket) -> None:
         while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-            except OSError:
-                data, fds = b"", []
+            data, fds = receive(sock)
             if not data:
                 break
             message = json.loads(data)
