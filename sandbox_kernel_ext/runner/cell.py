@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import Any
 
-from .plan import ChildPlan
+from .child import ChildPlan
 
 __all__ = ["run_cell", "encode_value", "decode_value", "CELL_FILENAME", "MAX_VARIABLES_BYTES"]
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import resource
 import signal
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from . import landlock, seccomp
 from .kernel_calls import checked, libc, prctl
-from .plan import RLIMIT_NUMBERS, ChildPlan
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -36,6 +38,34 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # Where the plumbing sits in the confined child.
 CONTROL_FD = 3  # child -> parent frames (JSON lines): output variables
 PAYLOAD_FD = 4  # parent -> child: the cell and its pickled inputs (a memfd)
+STATUS_FD = 5  # child -> launcher: setup errors; closed (on exec) once the child runs
+
+
+@dataclass
+class ChildPlan:
+    kind: str  # "exec": run argv; "python": run cell code in the forked interpreter
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    read_paths: list[str]
+    write_paths: list[str]
+    rlimits: dict[str, list[int]]
+    uid: int | None  # identity to drop to when the launcher runs as root
+    gid: int | None
+    label: str = "sandbox"
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChildPlan:
+        return cls(**data)
+
+
+RLIMIT_NUMBERS = {name: getattr(resource, name) for name in (
+    "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE",
+)}
 
 
 class _CapHeader(ctypes.Structure):
@@ -101,25 +131,50 @@ def enter_namespaces(use_userns: bool) -> None:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
-def _report(status_fd: int, message: str) -> None:
+def _report(status_fd: int, message: str) -> bool:
     try:
         os.write(status_fd, (message.replace("\n", " ") + "\n").encode())
+        return True
     except OSError:
-        pass
+        return False
 
 
-def spawn(plan: ChildPlan, fds: dict[str, int], *, use_userns: bool) -> tuple[int, str | None]:
+def prepare_rules(plan: ChildPlan) -> landlock.LandlockRuleset | None:
+    """The plan's Landlock rules with every path already opened, in the launcher, so that a
+    fork only adds them to a fresh ruleset (a syscall per rule, no path walks). None where
+    Landlock is unavailable (the isolation report names that layer as missing)."""
+    rules = landlock.LandlockRuleset()
+    if rules.abi < 1:
+        return None
+    for path in plan.read_paths:
+        rules.allow_read(path)
+    for path in plan.write_paths:
+        rules.allow_write(path)
+    rules.scope_signals().scope_abstract_unix()
+    rules.prepare()
+    return rules
+
+
+# One filter for every child; its program is assembled once, so a fork only loads it.
+SYSCALL_FILTER = seccomp.SeccompFilter(allow_socket_families=()) if seccomp.supported_arch() else None
+
+
+def spawn(
+    plan: ChildPlan, fds: dict[str, int], *, use_userns: bool,
+    rules: landlock.LandlockRuleset | None,
+) -> tuple[int, str | None]:
     """Fork the confined child; return (its host pid, or 0, and the setup error if any).
 
-    `fds` holds "stdin", "stdout", "stderr" and for Python runs "control" and "payload".
-    Called by the launcher, which reaps both forks (it is a child subreaper).
+    `fds` holds "stdin", "stdout", "stderr" and for Python runs "control" and "payload";
+    `rules` is `prepare_rules(plan)`, possibly cached. Called by the launcher, which reaps
+    both forks (it is a child subreaper).
     """
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     setup_pid = os.fork()
     if setup_pid == 0:
         try:
             os.close(status_r)
-            _setup_and_fork(plan, fds, status_w, use_userns)
+            _setup_and_fork(plan, fds, status_w, use_userns, rules)
         except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
             _report(status_w, f"error setup: {type(exc).__name__}: {exc}")
         os._exit(0)
@@ -141,7 +196,10 @@ def spawn(plan: ChildPlan, fds: dict[str, int], *, use_userns: bool) -> tuple[in
     return pid, error
 
 
-def _setup_and_fork(plan: ChildPlan, fds: dict[str, int], status_w: int, use_userns: bool) -> None:
+def _setup_and_fork(
+    plan: ChildPlan, fds: dict[str, int], status_w: int, use_userns: bool,
+    rules: landlock.LandlockRuleset | None,
+) -> None:
     root_without_userns = os.geteuid() == 0 and not use_userns
     if os.geteuid() == 0 and use_userns and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
@@ -149,14 +207,17 @@ def _setup_and_fork(plan: ChildPlan, fds: dict[str, int], status_w: int, use_use
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
     if pid == 0:
         try:
-            _confine_and_run(plan, fds, status_w, drop_root=root_without_userns)
+            _confine_and_run(plan, fds, status_w, rules, drop_root=root_without_userns)
         except BaseException as exc:  # noqa: BLE001
-            _report(status_w, f"error confine: {type(exc).__name__}: {exc}")
+            # The status pipe sits at STATUS_FD once the descriptors are installed.
+            message = f"error confine: {type(exc).__name__}: {exc}"
+            if not _report(STATUS_FD, message) and not _report(status_w, message):
+                _report(2, f"[sandbox] the child failed after confinement: {message[15:]}")
         os._exit(127)
     _report(status_w, f"pid {pid}")
 
 
-def _install_fds(fds: dict[str, int], status_w: int) -> int:
+def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> int:
     """Move the child's descriptors to fixed numbers and close everything else."""
     wanted = {0: fds["stdin"], 1: fds["stdout"], 2: fds["stderr"]}
     if "control" in fds:
@@ -164,29 +225,25 @@ def _install_fds(fds: dict[str, int], status_w: int) -> int:
         wanted[PAYLOAD_FD] = fds["payload"]
     high = {target: os.dup(source) for target, source in wanted.items()}
     status_high = os.dup(status_w)
-    keep = set(wanted)
+    keep = set(wanted) | ({ruleset_fd} if ruleset_fd is not None else set())
     for target, source in high.items():
         os.dup2(source, target, inheritable=True)
-    os.dup2(status_high, 5, inheritable=False)
-    keep.add(5)
-    for fd in _open_fds():
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    return 5
+    os.dup2(status_high, STATUS_FD, inheritable=False)
+    keep.add(STATUS_FD)
+    # close_range() between the kept numbers: one syscall, however many the launcher held.
+    edges = sorted(keep)
+    for low, high in zip([-1, *edges], [*edges, _MAX_FD]):
+        if high > low + 1:  # never an empty range: closerange(n, n) would close everything
+            os.closerange(low + 1, high)
+    return STATUS_FD
 
 
-def _open_fds() -> list[int]:
-    try:
-        return [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return list(range(os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024))
+_MAX_FD = 1 << 30  # closerange() clamps to the real table size
 
 
 def _confine_and_run(
-    plan: ChildPlan, fds: dict[str, int], status_w: int, *, drop_root: bool
+    plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
+    *, drop_root: bool,
 ) -> None:
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -196,23 +253,21 @@ def _confine_and_run(
     if drop_root and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
-    status_w = _install_fds(fds, status_w)
+    ruleset_fd = None
+    if rules is not None:
+        # Built here, after our private /proc is mounted, so the /proc rule names it.
+        rules.allow_read("/proc")
+        rules.build()
+        ruleset_fd = rules.fileno()
+    status_w = _install_fds(fds, status_w, ruleset_fd)
     os.chdir(plan.cwd)
-    import resource
-
     for name, (soft, hard) in plan.rlimits.items():
         resource.setrlimit(RLIMIT_NUMBERS[name], (soft, hard))
     drop_capabilities()
-    ruleset = landlock.LandlockRuleset()
-    if ruleset.abi >= 1:
-        for path in plan.read_paths:
-            ruleset.allow_read(path)
-        for path in plan.write_paths:
-            ruleset.allow_write(path)
-        ruleset.scope_signals().scope_abstract_unix()
-        ruleset.restrict_self()
-    if seccomp.supported_arch() is not None:
-        seccomp.SeccompFilter(allow_socket_families=()).install()
+    if rules is not None:
+        rules.restrict_self()
+    if SYSCALL_FILTER is not None:
+        SYSCALL_FILTER.install()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)

@@ -183,6 +183,8 @@ class LandlockRuleset:
         self._scoped = 0
         self._requested_scopes: set[str] = set()
         self._ruleset_fd: int | None = None
+        self._prepared: list[tuple[int, int]] = []  # (O_PATH fd, rights), from prepare()
+        self._prepared_skipped: list[str] = []
         self.skipped: list[str] = []
 
     # -- what is handled (and therefore denied unless allowed) --------------------------------
@@ -263,9 +265,11 @@ class LandlockRuleset:
             ctypes.c_uint32(0),
         )
         self._ruleset_fd = ruleset_fd
-        self.skipped = []
+        self.skipped = list(self._prepared_skipped)
         try:
             handled = self.handled_access_fs
+            for path_fd, rights in self._prepared:
+                self._add_fd_rule(ruleset_fd, path_fd, rights)
             for path in self._read_paths:
                 self._add_path_rule(ruleset_fd, path, FS_READ_RIGHTS & handled)
             for path in self._write_paths:
@@ -280,25 +284,56 @@ class LandlockRuleset:
             raise
         return list(self.skipped)
 
-    def _add_path_rule(self, ruleset_fd: int, path: str, rights: int) -> None:
+    def _open_rule(self, path: str, rights: int) -> tuple[int, int] | None:
+        """An O_PATH descriptor for `path` and the rights it can carry (None: skipped)."""
         try:
             path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             self.skipped.append(path)
-            return
-        try:
-            # fstat on the descriptor we add, so the kind cannot change between check and use.
-            if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
-                rights &= FS_FILE_RIGHTS
-            rule = _PathBeneathAttr(rights, path_fd)
-            _syscall(
-                SYS_LANDLOCK_ADD_RULE,
-                ctypes.c_int(ruleset_fd),
-                ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                ctypes.byref(rule),
-                ctypes.c_uint32(0),
-            )
-        finally:
+            return None
+        # fstat on the descriptor we add, so the kind cannot change between check and use.
+        if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
+            rights &= FS_FILE_RIGHTS
+        return path_fd, rights
+
+    @staticmethod
+    def _add_fd_rule(ruleset_fd: int, path_fd: int, rights: int) -> None:
+        rule = _PathBeneathAttr(rights, path_fd)
+        _syscall(
+            SYS_LANDLOCK_ADD_RULE,
+            ctypes.c_int(ruleset_fd),
+            ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+            ctypes.byref(rule),
+            ctypes.c_uint32(0),
+        )
+
+    def _add_path_rule(self, ruleset_fd: int, path: str, rights: int) -> None:
+        opened = self._open_rule(path, rights)
+        if opened is not None:
+            try:
+                self._add_fd_rule(ruleset_fd, *opened)
+            finally:
+                os.close(opened[0])
+
+    def prepare(self) -> LandlockRuleset:
+        """Open every path now and keep the descriptors, so later `build()`s (in forks) skip
+        the path walks. Paths added after this are opened at build time as usual. The
+        descriptors pin the inodes they name: `release()` them when the rules go stale."""
+        handled = self.handled_access_fs
+        self.skipped = []
+        for paths, rights in ((self._read_paths, FS_READ_RIGHTS), (self._write_paths, FS_WRITE_RIGHTS)):
+            for path in paths:
+                opened = self._open_rule(path, rights & handled)
+                if opened is not None:
+                    self._prepared.append(opened)
+            paths.clear()
+        self._prepared_skipped = list(self.skipped)
+        return self
+
+    def release(self) -> None:
+        """Close the descriptors `prepare()` kept."""
+        prepared, self._prepared = self._prepared, []
+        for path_fd, _ in prepared:
             os.close(path_fd)
 
     @staticmethod
@@ -335,6 +370,10 @@ class LandlockRuleset:
         finally:
             self.close()
         return list(self.skipped)
+
+    def fileno(self) -> int | None:
+        """The built ruleset's descriptor (None before `build()`)."""
+        return self._ruleset_fd
 
     def close(self) -> None:
         """Close the ruleset descriptor (a confined child must not keep it)."""
@@ -554,7 +593,17 @@ def home_folders() -> list[str]:
         homes.update(entry.path for entry in os.scandir("/home") if entry.is_dir())
     except OSError:
         pass
-    return sorted(home for home in homes if os.path.isabs(home) and home != "/")
+    # System accounts "live" in /bin, /usr/sbin, /nonexistent...: those are no homes to guard,
+    # and splitting /usr/bin around a fictitious .ssh would cost a rule per program.
+    return sorted(
+        home for home in homes
+        if os.path.isabs(home) and os.path.isdir(home)
+        and not any(_is_within(os.path.realpath(home), system) for system in _SYSTEM_TREES)
+    )
+
+
+_SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/dev", "/proc", "/sys", "/etc",
+                 "/run/systemd", "/var/spool", "/var/cache", "/var/mail", "/var/backups")
 
 
 def credential_paths() -> list[str]:

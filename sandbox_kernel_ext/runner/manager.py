@@ -29,7 +29,7 @@ from .cell import MAX_VARIABLES_BYTES, decode_value
 from .isolation import check_tier, missing_layers
 from .launcher import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
-from .plan import NOBODY_UID, build_plan
+from .plan import NOBODY_UID, build_plan, denied_reads
 
 __all__ = ["SandboxManager", "OutputCallback"]
 
@@ -45,6 +45,7 @@ class _Sandbox:
     status: SandboxStatus = SandboxStatus.created
     monitor: ResourceMonitor | None = None
     child: SpawnedChild | None = None
+    denied: tuple[str, ...] = ()  # the credential list, fixed when the sandbox is made
     kill_reason: str | None = None
     runs: int = 0
     last_usage: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +119,8 @@ class SandboxManager:
                 )
             warnings.warn(self.ISOLATION_WARNING.format(missing="; ".join(missing)), UserWarning,
                           stacklevel=2)
-        build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir())  # validate now
+        denied = tuple(denied_reads())
+        build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied)
         sandbox_id = str(uuid.uuid4())
         home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-")
         if self.child_uid is not None:
@@ -126,7 +128,7 @@ class SandboxManager:
         os.chmod(home, 0o700)
         self._check_writable(capability)
         with self._lock:
-            self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home)
+            self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied)
         return sandbox_id
 
     def _check_writable(self, capability: CapabilityDeclaration) -> None:
@@ -135,7 +137,7 @@ class SandboxManager:
             return
         from .plan import filesystem_grants
 
-        _, writable = filesystem_grants(capability)
+        _, writable = filesystem_grants(capability, ())
         for path in writable:
             info = os.stat(path)
             if info.st_uid != self.child_uid and not info.st_mode & 0o002:
@@ -276,7 +278,8 @@ class SandboxManager:
             sandbox.child = None
         try:
             plan = build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
-                              env=env, uid=self.child_uid, gid=self.child_uid)
+                              env=env, uid=self.child_uid, gid=self.child_uid,
+                              denied=sandbox.denied)
         except BaseException:
             sandbox.status = previous  # a bad request changes nothing
             raise

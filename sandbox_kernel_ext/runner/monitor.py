@@ -34,6 +34,7 @@ _MIB = 1024 * 1024
 # How long stop() waits for a poll stuck in a slow callback. The thread is a daemon and
 # polls no more once stopped, so giving up here leaks nothing that outlives the process.
 _JOIN_TIMEOUT = 10.0
+_FIRST_POLL_DELAY = 0.05
 
 
 class ResourceMonitor:
@@ -221,6 +222,9 @@ class ResourceMonitor:
         return snap
 
     def _run(self) -> None:
+        # The first sample waits a moment: a child's first milliseconds (its first output) are
+        # when the caller is busiest, and a scan of /proc then would only compete with it.
+        self._stop_event.wait(min(self._interval, _FIRST_POLL_DELAY))
         while not self._stop_event.is_set():
             try:
                 self._poll()

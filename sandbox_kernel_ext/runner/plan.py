@@ -11,15 +11,14 @@ import fnmatch
 import functools
 import math
 import os
-import resource
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..policy.errors import SandboxError
 from ..policy.models import CapabilityDeclaration, FilesystemMode
 from . import landlock
+from .child import ChildPlan
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID"]
 
@@ -29,29 +28,7 @@ BASE_ENV_NAMES = ("PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "
 # Programs a shell command needs: system binaries and libraries (no user data lives there).
 SYSTEM_READ_SET = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/opt")
 # Replaced by narrower grants when a policy reads "everywhere".
-_EVERYWHERE_EXCLUDED = ("/proc", "/sys", "/dev", "/etc", "/tmp/.X11-unix")
-
-
-@dataclass
-class ChildPlan:
-    kind: str  # "exec": run argv; "python": run cell code in the forked interpreter
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    read_paths: list[str]
-    write_paths: list[str]
-    rlimits: dict[str, list[int]]
-    uid: int | None  # identity to drop to when the launcher runs as root
-    gid: int | None
-    label: str = "sandbox"
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChildPlan:
-        return cls(**data)
+_EVERYWHERE_EXCLUDED = ("/proc", "/sys", "/dev", "/etc")
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,13 +69,15 @@ def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
     return out
 
 
-def filesystem_grants(capability: CapabilityDeclaration) -> tuple[list[str], list[str]]:
+def filesystem_grants(
+    capability: CapabilityDeclaration, denied: tuple[str, ...] | None = None
+) -> tuple[list[str], list[str]]:
     """(readable, writable) host paths the policy grants, before the runtime's own set.
 
     Seed 003's `filesystem_config` and the seed-000 path table both count: a table root with
     mode `rw` and no `write_approval` is writable, `ro` (or `rw` behind an approval) readable,
     and a `read_approval` root is not reachable from a sandboxed process at all, since nobody
-    can be asked from inside it yet.
+    can be asked from inside it yet. `denied` is the credential list (computed when None).
     """
     base = str(capability.base_path)
     config = capability.filesystem_config
@@ -113,7 +92,8 @@ def filesystem_grants(capability: CapabilityDeclaration) -> tuple[list[str], lis
                 )
             writable += _real_paths(config.writable_paths, base, "writable path")
         if config.readable_paths is None:
-            readable += list(_everywhere_read_set(tuple(denied_reads())))
+            denied = tuple(denied_reads()) if denied is None else denied
+            readable += list(_everywhere_read_set(denied))
         else:
             readable += _real_paths(config.readable_paths, base, "readable path")
     table = capability.sandbox_config()
@@ -202,8 +182,9 @@ def build_plan(
     env: dict[str, str] | None = None,
     uid: int | None = None,
     gid: int | None = None,
+    denied: tuple[str, ...] | None = None,
 ) -> ChildPlan:
-    readable, writable = filesystem_grants(capability)
+    readable, writable = filesystem_grants(capability, denied)
     child_env = child_environment(capability, home, env)
     if kind == "exec":
         argv = resolve_command(argv, child_env)
@@ -223,8 +204,3 @@ def build_plan(
         uid=uid,
         gid=gid,
     )
-
-
-RLIMIT_NUMBERS = {name: getattr(resource, name) for name in (
-    "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE",
-)}

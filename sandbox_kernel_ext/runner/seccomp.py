@@ -260,6 +260,7 @@ class SeccompFilter:
         self.arch = ARCHES[arch_name]
         self.allow_socket_families = frozenset(int(family) for family in allow_socket_families)
         self.inet_tcp_only = inet_tcp_only
+        self._program: list[tuple[int, int, int, int]] | None = None
 
     def instructions(self) -> list[tuple[int, int, int, int]]:
         """The program as (code, jt, jf, k) tuples, for inspection and tests."""
@@ -335,7 +336,9 @@ class SeccompFilter:
                 "install() filters only the calling thread and this process has "
                 f"{thread_count()} threads; call it in a single-threaded child after fork"
             )
-        program = self.instructions()
+        if self._program is None:
+            self._program = self.instructions()
+        program = self._program
         filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
         fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
         set_no_new_privs()
