@@ -41,6 +41,7 @@ try:
 except ImportError:  # run from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _common import fmt_ns
 from sandbox_kernel_ext.files.host_backend import HostBackend
 from sandbox_kernel_ext.files.toolset import FileSystemToolset
 from sandbox_kernel_ext.policy.file_limits import FileLimits
@@ -84,16 +85,6 @@ def interleave(
             base += baseline()
             cand += candidate()
     return cand, base
-
-
-def fmt_ns(ns: float) -> str:
-    if ns >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.2f} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.1f} µs"
-    return f"{ns:.0f} ns"
 
 
 def row(
