@@ -57,7 +57,18 @@ def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:
     return CapabilityDeclaration(filesystem_config=fs, resource_limits=ResourceLimits(**limits))
 
 
-def _no_sandbox_processes() -> bool:
+def _no_sandbox_processes(wait: float = 10.0) -> bool:
+    """No process of the sandbox's uid is left (teardown of a namespace is asynchronous,
+    so this waits up to `wait` seconds for the count to reach zero)."""
+    deadline = threading.Event()
+    for _ in range(int(wait / 0.05)):
+        if _sandbox_processes_gone():
+            return True
+        deadline.wait(0.05)
+    return _sandbox_processes_gone()
+
+
+def _sandbox_processes_gone() -> bool:
     uid = 65534 if os.geteuid() == 0 else os.getuid()
     mine = {p.pid for p in psutil.Process().children(recursive=True)}
     return not [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid
@@ -149,10 +160,6 @@ def test_interrupt_kills_the_whole_tree(manager: SandboxManager) -> None:
     with pytest.raises(KeyboardInterrupt):
         manager.execute(sid, ["sh", "-c", "setsid sleep 300 & sleep 300 & echo ready; wait"],
                         on_output=interrupt)
-    for _ in range(100):
-        if _no_sandbox_processes():
-            break
-        threading.Event().wait(0.05)
     assert _no_sandbox_processes()
     assert manager.status(sid) is SandboxStatus.stopped
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0  # usable again
@@ -310,3 +317,22 @@ def test_a_killed_kernel_leaves_no_sandbox_behind(shared_dir: Path) -> None:
             break
         threading.Event().wait(0.05)
     assert sleepers() == []
+
+
+def test_terminal_tool_runs_confined_and_refuses_blacklisted_words(shared_dir: Path) -> None:
+    import asyncio
+
+    from sandbox_kernel_ext import TerminalTool, ToolError
+
+    policy = _policy(shared_dir)
+    with TerminalTool(timeout=5.0, policy=policy, cwd=str(shared_dir)) as terminal:
+        out = asyncio.run(terminal.execute(command="echo hi > note.txt; cat note.txt; cat /etc/shadow"))
+        assert out["stdout"] == "hi\n" and "Permission denied" in out["stderr"]
+        assert out["exit_code"] != 0 and out["platform"] == sys.platform
+        assert (shared_dir / "note.txt").read_text() == "hi\n"
+        for line in ("rm -rf /", "echo ok; env rm x", "echo $(rm x)", "sh -c 'rm x'"):
+            with pytest.raises(ToolError, match="'rm' is blocked"):
+                asyncio.run(terminal.execute(command=line))
+        with pytest.raises(ToolError, match="timed out"):
+            asyncio.run(terminal.execute(command="sleep 30"))
+    assert _no_sandbox_processes()

@@ -112,6 +112,8 @@ class _Parser:
         self.nesting = nesting
         # Here-documents whose bodies start after the next newline: (delimiter, strip tabs, expand).
         self.heredocs: list[tuple[str, bool, bool]] = []
+        # Offsets where `((` turned out not to start arithmetic.
+        self._not_arithmetic: set[int] = set()
 
     # ----------------------------------------------------------------- lexing helpers
 
@@ -389,6 +391,8 @@ class _Parser:
         Returns False, having consumed nothing, when the parentheses do not close with
         `))`: then, as in bash, the text is a subshell inside a subshell (or `$(`).
         """
+        if body in self._not_arithmetic:
+            return False
         saved = (self.pos, len(self.out), self.nesting)
         self.pos = body
         depth = 0
@@ -429,6 +433,8 @@ class _Parser:
             pass  # not arithmetic after all; the subshell reading reports the real error
         self.pos, out_len, self.nesting = saved
         del self.out[out_len:]
+        # Remembered, so that `$(($((...` does not retry each level exponentially often.
+        self._not_arithmetic.add(body)
         return False
 
     def _read_array(self) -> None:
@@ -519,9 +525,12 @@ class _Parser:
                     self.pos += 1
                     self._nested_list()  # a subshell
             else:
+                start = self.pos
                 stop = self._parse_simple(stop_words)
                 if stop is not None:
                     return stop
+                if self.pos == start:  # a guard: every step must consume something
+                    raise ValueError(f"unexpected {self.src[start]!r} at offset {start}")
 
     def _parse_simple(self, stop_words: frozenset[str]) -> str | None:
         """Parse one simple command (or step over a reserved word) and analyse it."""
@@ -543,6 +552,8 @@ class _Parser:
                     self.heredocs.append((target.value, op == "<<-", not (target.quoted or target.dynamic)))
                 continue
             op = self._peek_op()
+            if op in ("<", ">") and self._char(1) == "(":
+                op = None  # a process substitution: a word
             if op is not None:
                 if op == "(" and len(argv) == 1 and argv[0].static and self._function_parens():
                     return None  # `name () body`: the body is parsed as the next command
@@ -1138,12 +1149,19 @@ class TerminalTool(Tool):
             return self._manager, self._sandbox_id
 
     def close(self) -> None:
-        """Destroy the sandbox, if this tool created the manager (a caller's manager,
-        and the sandboxes in it, stay the caller's to manage)."""
+        """Destroy the sandbox and stop the manager, if this tool created the manager
+        (a caller's manager, and the sandboxes in it, stay the caller's to manage).
+        A later `execute` starts afresh."""
         with self._lock:
-            if self._owns_manager and self._manager is not None and self._sandbox_id is not None:
-                sandbox_id, self._sandbox_id = self._sandbox_id, None
-                self._manager.destroy_sandbox(sandbox_id)
+            if not self._owns_manager or self._manager is None:
+                return
+            manager, sandbox_id = self._manager, self._sandbox_id
+            self._manager = self._sandbox_id = None
+            try:
+                if sandbox_id is not None:
+                    manager.destroy(sandbox_id)
+            finally:
+                manager.close()
 
     def __enter__(self) -> TerminalTool:
         return self
