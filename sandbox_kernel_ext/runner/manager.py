@@ -14,6 +14,7 @@ import os
 import pickle
 import selectors
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from .cell import MAX_VARIABLES_BYTES, decode_value
 from .isolation import check_tier, missing_layers
 from .launcher import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
-from .plan import NOBODY_UID, build_plan, denied_reads
+from .plan import NOBODY_UID, build_plan, denied_reads, homes_folder
 
 __all__ = ["SandboxManager", "OutputCallback"]
 
@@ -122,7 +123,7 @@ class SandboxManager:
         denied = tuple(denied_reads())
         build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied)
         sandbox_id = str(uuid.uuid4())
-        home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-")
+        home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-", dir=_homes_folder())
         if self.child_uid is not None:
             os.chown(home, self.child_uid, self.child_uid)
         os.chmod(home, 0o700)
@@ -415,6 +416,22 @@ def _parse_variables(data: bytes) -> dict[str, Any]:
         return {str(name): decode_value(value) for name, value in values.items()}
     except (ValueError, KeyError, UnicodeDecodeError) as exc:
         raise SandboxError(f"the sandbox sent malformed output variables: {exc}") from None
+
+
+def _homes_folder() -> str:
+    """The homes folder, made if needed: ours, not a symlink, searchable but not listable by
+    others (0711), so a child can enter its own home and learn no other's name."""
+    folder = homes_folder()
+    try:
+        os.mkdir(folder, 0o711)
+    except FileExistsError:
+        pass
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise SandboxError(f"{folder} is not a folder owned by uid {os.geteuid()}; remove it")
+    if stat.S_IMODE(info.st_mode) != 0o711:
+        os.chmod(folder, 0o711)
+    return folder
 
 
 def _memfd(name: str, data: bytes) -> int:

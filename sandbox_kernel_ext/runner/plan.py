@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 from typing import Any
 
 from ..policy.errors import SandboxError
@@ -41,10 +42,16 @@ def runtime_read_set() -> tuple[str, ...]:
     return tuple(dict.fromkeys(paths))
 
 
+def homes_folder() -> str:
+    """Where sandboxes' private homes live: one folder per kernel uid, denied to every
+    sandbox's "read everywhere" (a sandbox reaches only its own home, by its own rule)."""
+    return os.path.join(tempfile.gettempdir(), f"sandbox_kernel_ext-{os.geteuid()}")
+
+
 def denied_reads() -> list[str]:
-    """The credential deny list plus this machine's Jupyter runtime folder (its connection
-    files hold the keys that let anyone run code in the kernel)."""
-    denied = landlock.credential_paths()
+    """The credential deny list, every sandbox's home, and this machine's Jupyter runtime
+    folder (its connection files hold the keys that let anyone run code in the kernel)."""
+    denied = [*landlock.credential_paths(), os.path.realpath(homes_folder())]
     try:
         from jupyter_core.paths import jupyter_runtime_dir
 
