@@ -25,7 +25,9 @@ __all__ = ["run_cell", "encode_value", "decode_value", "CELL_FILENAME", "MAX_VAR
 
 CELL_FILENAME = "<sandbox-cell>"
 _BYTES_TAG = "__sandbox_bytes__"
-MAX_VARIABLES_BYTES = 64 * 1024 * 1024
+# Output variables are parsed in the kernel: 4 MiB of JSON can cost ~100x that as Python
+# objects in the worst case, so the cap stays small. Larger results belong in a file.
+MAX_VARIABLES_BYTES = 4 * 1024 * 1024
 _MAX_DEPTH = 64
 
 
@@ -104,7 +106,10 @@ def run_cell(plan: ChildPlan) -> int:
             raise NameError(f"output variable(s) not defined by the cell: {', '.join(missing)}")
         frame = json.dumps({"type": "variables", "values": values}, allow_nan=True)
         if len(frame) > MAX_VARIABLES_BYTES:
-            raise ValueError(f"output variables are {len(frame)} bytes; the cap is {MAX_VARIABLES_BYTES}")
+            raise ValueError(
+                f"output variables are {len(frame)} bytes as JSON; the cap is {MAX_VARIABLES_BYTES} "
+                "(write large results to a file in a writable root instead)"
+            )
         with os.fdopen(CONTROL_FD, "w", encoding="utf-8") as control:
             control.write(frame + "\n")
     except SystemExit as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import resource
 import signal
@@ -238,6 +239,13 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
     return STATUS_FD
 
 
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 _MAX_FD = 1 << 30  # closerange() clamps to the real table size
 
 
@@ -253,6 +261,8 @@ def _confine_and_run(
     if drop_root and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
+    if "env" in fds:  # the environment came on a memfd, never through the launcher's memory
+        plan.env = json.loads(_read_all(fds.pop("env")))
     ruleset_fd = None
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.

@@ -291,6 +291,17 @@ class LandlockRuleset:
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             self.skipped.append(path)
             return None
+        # What the descriptor really names, asked of the kernel: a path whose folders were
+        # swapped for symlinks since it was resolved (by a sandbox that could write there)
+        # must not grant the link's target. Such a rule is skipped: access fails closed.
+        try:
+            named = os.readlink(f"/proc/self/fd/{path_fd}")
+        except OSError:
+            named = path
+        if named != os.path.normpath(path):
+            os.close(path_fd)
+            self.skipped.append(path)
+            return None
         # fstat on the descriptor we add, so the kind cannot change between check and use.
         if not stat.S_ISDIR(os.fstat(path_fd).st_mode):
             rights &= FS_FILE_RIGHTS

@@ -77,7 +77,6 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's interrupt is not ours
     live: dict[int, int] = {}  # child pid -> request id
-    early: dict[int, int] = {}  # statuses reaped before we knew the pid was a sandbox
 
     def send(message: dict[str, Any], fds: list[int] = ()) -> None:
         try:
@@ -99,8 +98,6 @@ def serve(sock: socket.socket) -> None:
                 return
             if pid in live:
                 report_exit(pid, status, usage)
-            else:
-                early[pid] = status
 
     while True:
         try:
@@ -119,6 +116,8 @@ def serve(sock: socket.socket) -> None:
         data, fds = receive(sock)
         if not data:
             break
+        request: dict[str, Any] = {}
+        pid, pidfd, error = 0, -1, None
         try:
             request = json.loads(data)
             names = request["fds"]
@@ -127,23 +126,23 @@ def serve(sock: socket.socket) -> None:
             plan = ChildPlan.from_json(request["plan"])
             pid, error = spawn(plan, dict(zip(names, fds)), use_userns=use_userns,
                                rules=rulesets.get(plan))
+            if pid and not error:
+                pidfd = os.pidfd_open(pid)
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-            pid, error = 0, f"{type(exc).__name__}: {exc}"
-            request = request if isinstance(request, dict) else {}
+            error = f"{type(exc).__name__}: {exc}"
         finally:
             for fd in fds:
                 os.close(fd)
         if error or not pid:
-            if pid:
+            if pid:  # started but unusable: end it now, and reap it here, not in reap()
                 _kill_quietly(pid)
-            send({"op": "failed", "id": request.get("id"), "error": error or "no child started"})
+                os.waitpid(pid, 0)
+            send({"op": "failed", "id": request.get("id") if isinstance(request, dict) else None,
+                  "error": error or "no child started"})
             continue
-        pidfd = os.pidfd_open(pid)
         live[pid] = request["id"]
         send({"op": "spawned", "id": request["id"], "pid": pid, "userns": use_userns}, [pidfd])
         os.close(pidfd)
-        if pid in early:
-            report_exit(pid, early.pop(pid), _EmptyUsage())
     for pid in list(live):
         _kill_quietly(pid)
     for pid in list(live):
@@ -181,11 +180,6 @@ class RulesetCache:
         ruleset = prepare_rules(plan)
         self._entries[key] = (now, ruleset)
         return ruleset
-
-
-class _EmptyUsage:
-    ru_utime = ru_stime = 0.0
-    ru_maxrss = 0
 
 
 def _kill_quietly(pid: int) -> None:
@@ -234,14 +228,23 @@ class SpawnedChild:
         self.maxrss_kb = 0
         self.started = threading.Event()
         self.exited = threading.Event()
+        self.kill_requested = False
 
     def kill(self) -> None:
-        """SIGKILL PID 1 of the child's namespace: the kernel then kills all of it."""
+        """SIGKILL PID 1 of the child's namespace: the kernel then kills all of it. Asked
+        before the launcher's answer arrives, the kill happens as soon as it does."""
+        self.kill_requested = True
         if self.pidfd >= 0 and not self.exited.is_set():
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             except (ProcessLookupError, OSError):
                 pass
+
+    def wait_started(self) -> None:
+        """Block until the child runs; raise SandboxError with the reason it could not."""
+        self.started.wait()
+        if self.error is not None:
+            raise SandboxError(f"the sandbox could not start: {self.error}")
 
     def close(self) -> None:
         if self.pidfd >= 0:
@@ -282,6 +285,8 @@ class LauncherClient:
         self._reader.start()
 
     def spawn(self, plan: ChildPlan, fds: dict[str, int]) -> SpawnedChild:
+        """Ask for a child and return at once; `wait_started()` on the result waits for it
+        (so the caller can record it first, and a kill in between is not lost)."""
         child = SpawnedChild()
         with self._lock:
             if self._sock is None or self._process is None or self._process.poll() is not None:
@@ -297,9 +302,6 @@ class LauncherClient:
             except OSError as exc:
                 self._pending.pop(request_id, None)
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
-        child.started.wait()
-        if child.error is not None:
-            raise SandboxError(f"the sandbox could not start: {child.error}")
         return child
 
     def _read_loop(self, sock: socket.socket) -> None:
@@ -317,6 +319,8 @@ class LauncherClient:
             op = message["op"]
             if op == "spawned":
                 child.pid, child.pidfd, child.userns = message["pid"], fds[0], message["userns"]
+                if child.kill_requested:
+                    child.kill()
                 child.started.set()
             elif op == "failed":
                 child.error = message["error"]
@@ -340,6 +344,10 @@ class LauncherClient:
 
     def _cleanup_locked(self) -> None:
         if self._sock is not None:
+            try:  # wakes our reader thread and gives the launcher its end of file
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._sock.close()
             self._sock = None
         if self._process is not None:

@@ -9,6 +9,7 @@ namespace) on a breach, a timeout or an interrupt.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import os
 import pickle
@@ -30,7 +31,7 @@ from .cell import MAX_VARIABLES_BYTES, decode_value
 from .isolation import check_tier, missing_layers
 from .launcher import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
-from .plan import NOBODY_UID, build_plan, denied_reads, homes_folder
+from .plan import NOBODY_UID, build_plan, denied_reads, filesystem_grants, homes_folder
 
 __all__ = ["SandboxManager", "OutputCallback"]
 
@@ -47,6 +48,7 @@ class _Sandbox:
     monitor: ResourceMonitor | None = None
     child: SpawnedChild | None = None
     denied: tuple[str, ...] = ()  # the credential list, fixed when the sandbox is made
+    grants: tuple[list[str], list[str]] | None = None  # (readable, writable), pinned then too
     kill_reason: str | None = None
     runs: int = 0
     last_usage: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +124,7 @@ class SandboxManager:
                           stacklevel=2)
         denied = tuple(denied_reads())
         build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied)
+        grants = filesystem_grants(capability, denied)
         sandbox_id = str(uuid.uuid4())
         home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-", dir=_homes_folder())
         if self.child_uid is not None:
@@ -129,15 +132,14 @@ class SandboxManager:
         os.chmod(home, 0o700)
         self._check_writable(capability)
         with self._lock:
-            self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied)
+            self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
+                                                   grants=grants)
         return sandbox_id
 
     def _check_writable(self, capability: CapabilityDeclaration) -> None:
         """As root the child is another uid: say so now, not as an EACCES in the cell."""
         if self.child_uid is None:
             return
-        from .plan import filesystem_grants
-
         _, writable = filesystem_grants(capability, ())
         for path in writable:
             info = os.stat(path)
@@ -280,14 +282,18 @@ class SandboxManager:
         try:
             plan = build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
                               env=env, uid=self.child_uid, gid=self.child_uid,
-                              denied=sandbox.denied)
+                              denied=sandbox.denied, pinned=sandbox.grants)
         except BaseException:
             sandbox.status = previous  # a bad request changes nothing
             raise
         try:
             result = self._spawn_and_collect(sandbox, plan, timeout, on_output, stdin, payload)
+        except SandboxError:
+            ran = sandbox.child is not None and sandbox.child.pid > 0
+            sandbox.status = SandboxStatus.stopped if ran else previous  # not started: unchanged
+            raise
         except BaseException:
-            sandbox.status = SandboxStatus.failed if sandbox.child is None else SandboxStatus.stopped
+            sandbox.status = SandboxStatus.stopped if sandbox.child is not None else SandboxStatus.failed
             raise
         sandbox.status = SandboxStatus.stopped
         sandbox.runs += 1
@@ -313,12 +319,26 @@ class SandboxManager:
                 control_r, child_fds["control"] = os.pipe2(os.O_CLOEXEC)
                 parent_fds.append(control_r)
                 child_fds["payload"] = _memfd("sandbox-cell", payload)
+            # Values (API keys the policy lets through) go on a memfd: a plan is kept in the
+            # launcher's memory, which every later fork inherits.
+            child_fds["env"] = _memfd("sandbox-env", json.dumps(plan.env).encode())
             started = time.monotonic()
-            child = self._launcher.spawn(plan, child_fds)
+            child = self._launcher.spawn(dataclasses.replace(plan, env={}), child_fds)
+            sandbox.child = child  # from here on, kill() and destroy() reach it
+            try:
+                child.wait_started()
+            except BaseException:
+                child.kill()  # an interrupt while it starts: it must not run on unwatched
+                child.exited.wait(timeout=10)
+                child.close()
+                raise
+        except BaseException:
+            for fd in parent_fds:
+                os.close(fd)
+            raise
         finally:
             for fd in child_fds.values():
                 os.close(fd)
-        sandbox.child = child
         monitor = ResourceMonitor(
             limits, interval=self._interval, timeout=timeout,
             on_breach=lambda reason: self._breach(sandbox, child, reason),
@@ -407,15 +427,18 @@ class SandboxManager:
 def _parse_variables(data: bytes) -> dict[str, Any]:
     """The child's one frame, parsed as untrusted JSON (never pickle)."""
     try:
-        frame = json.loads(data.decode("utf-8"))
+        # Our frame is the last line the child wrote; anything a cell wrote there itself is not.
+        frame = json.loads(data.decode("utf-8").rstrip("\n").rsplit("\n", 1)[-1])
         if not isinstance(frame, dict) or frame.get("type") != "variables":
             raise ValueError("not a variables frame")
         values = frame["values"]
         if not isinstance(values, dict):
             raise ValueError("values is not an object")
         return {str(name): decode_value(value) for name, value in values.items()}
-    except (ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise SandboxError(f"the sandbox sent malformed output variables: {exc}") from None
+    except (ValueError, KeyError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
+        raise SandboxError(
+            f"the sandbox sent malformed output variables: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _homes_folder() -> str:

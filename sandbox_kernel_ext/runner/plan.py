@@ -190,8 +190,23 @@ def build_plan(
     uid: int | None = None,
     gid: int | None = None,
     denied: tuple[str, ...] | None = None,
+    pinned: tuple[list[str], list[str]] | None = None,
 ) -> ChildPlan:
+    """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
+    elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
+    sandbox) refuses the run instead of granting the link's target."""
     readable, writable = filesystem_grants(capability, denied)
+    if pinned is not None and (readable, writable) != pinned:
+        moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
+        raise SandboxError(
+            "a policy path resolves somewhere else than when the sandbox was created "
+            f"(now {', '.join(moved) or 'a different set'}): was a folder replaced by a symlink? "
+            "Refusing to run; create a new sandbox if the change is intended"
+        )
+    homes = os.path.realpath(homes_folder())
+    for path in readable + writable:
+        if landlock._is_within(path, homes) or landlock._is_within(homes, path):
+            raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
     child_env = child_environment(capability, home, env)
     if kind == "exec":
         argv = resolve_command(argv, child_env)
