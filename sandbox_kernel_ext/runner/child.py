@@ -204,7 +204,11 @@ def _setup_and_fork(
     root_without_userns = os.geteuid() == 0 and not use_userns
     if os.geteuid() == 0 and use_userns and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
-    enter_namespaces(use_userns)
+    if use_userns or os.geteuid() == 0:
+        enter_namespaces(use_userns)
+    # else: no user namespaces for an unprivileged kernel, so no namespaces at all; the
+    # isolation report names the missing layer, strict mode refuses, and the manager kills
+    # the child's tree by sweeping it.
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
     if pid == 0:
         try:

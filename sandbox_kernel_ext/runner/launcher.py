@@ -141,7 +141,8 @@ def serve(sock: socket.socket) -> None:
                   "error": error or "no child started"})
             continue
         live[pid] = request["id"]
-        send({"op": "spawned", "id": request["id"], "pid": pid, "userns": use_userns}, [pidfd])
+        send({"op": "spawned", "id": request["id"], "pid": pid,
+              "pid_namespace": use_userns or os.geteuid() == 0}, [pidfd])
         os.close(pidfd)
     for pid in list(live):
         _kill_quietly(pid)
@@ -221,7 +222,7 @@ class SpawnedChild:
     def __init__(self) -> None:
         self.pid = 0
         self.pidfd = -1
-        self.userns = False
+        self.pid_namespace = True
         self.error: str | None = None
         self.status: int | None = None
         self.cpu_seconds = 0.0
@@ -234,6 +235,8 @@ class SpawnedChild:
         """SIGKILL PID 1 of the child's namespace: the kernel then kills all of it. Asked
         before the launcher's answer arrives, the kill happens as soon as it does."""
         self.kill_requested = True
+        if self.pidfd >= 0 and not self.exited.is_set() and not self.pid_namespace:
+            _sweep_descendants(self.pid)  # no namespace to take them with it
         if self.pidfd >= 0 and not self.exited.is_set():
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -250,6 +253,25 @@ class SpawnedChild:
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
+
+
+def _sweep_descendants(pid: int) -> None:
+    """SIGKILL every descendant of `pid`, repeatedly while new ones appear (without a PID
+    namespace this is the only way; `setsid` children stay descendants until reparented)."""
+    import psutil
+
+    for _ in range(5):
+        try:
+            found = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return
+        if not found:
+            return
+        for process in found:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
 
 
 class LauncherClient:
@@ -318,7 +340,8 @@ class LauncherClient:
                 continue
             op = message["op"]
             if op == "spawned":
-                child.pid, child.pidfd, child.userns = message["pid"], fds[0], message["userns"]
+                child.pid, child.pidfd = message["pid"], fds[0]
+                child.pid_namespace = message["pid_namespace"]
                 if child.kill_requested:
                     child.kill()
                 child.started.set()
