@@ -9,9 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -37,19 +35,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder the sandbox's unprivileged uid may write (what a user would chown)."""
-    path = Path(tempfile.mkdtemp(prefix="sbx-test-", dir="/tmp"))
-    os.chmod(path, 0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def manager() -> Iterator[SandboxManager]:
-    with SandboxManager() as m:
-        yield m
 
 
 def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:

@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any
 
 from ..policy.errors import SandboxError
 from ..policy.models import CapabilityDeclaration, FilesystemMode

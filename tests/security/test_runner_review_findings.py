@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -30,18 +27,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def world() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sbx-review-", dir="/tmp"))
-    os.chmod(path, 0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def manager() -> Iterator[SandboxManager]:
-    with SandboxManager() as m:
-        yield m
 
 
 def _writable(*paths: Path) -> CapabilityDeclaration:
@@ -50,16 +37,16 @@ def _writable(*paths: Path) -> CapabilityDeclaration:
         readable_paths=[str(paths[0])]))
 
 
-def test_a_grant_swapped_for_a_symlink_grants_nothing_next_run(manager: SandboxManager, world: Path) -> None:
+def test_a_grant_swapped_for_a_symlink_grants_nothing_next_run(manager: SandboxManager, shared_dir: Path) -> None:
     """Run 1 replaced a nested writable grant by a symlink to another sandbox's homes; run 2's
     rules followed it. Rules now refuse any path that no longer names itself."""
-    inner = world / "out"
+    inner = shared_dir / "out"
     inner.mkdir()
     os.chmod(inner, 0o777)
     victim = manager.create_sandbox(CapabilityDeclaration())
     manager.run_python(victim, "open('secret.txt', 'w').write('victim')")
     victim_home = manager._get(victim).home
-    attacker = manager.create_sandbox(_writable(world, inner))
+    attacker = manager.create_sandbox(_writable(shared_dir, inner))
     swap = manager.run_python(attacker, f"import os\nos.rmdir({str(inner)!r})\n"
                                         f"os.symlink({os.path.dirname(victim_home)!r}, {str(inner)!r})")
     assert swap.exit_code == 0, swap.stderr
@@ -68,7 +55,7 @@ def test_a_grant_swapped_for_a_symlink_grants_nothing_next_run(manager: SandboxM
         manager.run_python(attacker, f"print(open({target!r}).read())\nopen({target!r}, 'w').write('owned')")
     assert Path(victim_home, "secret.txt").read_text() == "victim"
     with pytest.raises(SandboxError, match="reaches into the sandboxes' homes"):
-        manager.create_sandbox(_writable(world, inner))  # nor can a new sandbox be made so
+        manager.create_sandbox(_writable(shared_dir, inner))  # nor can a new sandbox be made so
 
 
 def test_a_child_that_cannot_start_leaves_the_sandbox_usable_and_no_descriptor(manager: SandboxManager) -> None:
@@ -141,13 +128,13 @@ def test_the_launcher_never_holds_a_sandboxs_environment_values(manager: Sandbox
     assert found == set()
 
 
-def test_a_rule_whose_path_crosses_a_symlink_is_skipped(world: Path) -> None:
+def test_a_rule_whose_path_crosses_a_symlink_is_skipped(shared_dir: Path) -> None:
     """The last guard, for a swap between resolving a plan and opening its paths: a rule
     is added only for the path the kernel says the descriptor names."""
-    (world / "real").mkdir()
-    os.symlink(world / "real", world / "link")
-    rules = landlock.LandlockRuleset().allow_read(world / "link").allow_read(world / "real").prepare()
+    (shared_dir / "real").mkdir()
+    os.symlink(shared_dir / "real", shared_dir / "link")
+    rules = landlock.LandlockRuleset().allow_read(shared_dir / "link").allow_read(shared_dir / "real").prepare()
     try:
-        assert rules.skipped == [str(world / "link")]
+        assert rules.skipped == [str(shared_dir / "link")]
     finally:
         rules.release()
