@@ -323,3 +323,62 @@ def test_terminal_tool_runs_confined_and_refuses_blacklisted_words(shared_dir: P
         with pytest.raises(ToolError, match="timed out"):
             asyncio.run(terminal.execute(command="sleep 30"))
     assert _no_sandbox_processes()
+
+
+WITHOUT_USER_NAMESPACES = """
+import os, sys
+# A user namespace of our own in which nested user namespaces are refused (the sysctl is per
+# namespace, so the host's setting is untouched), then drop to uid 65534: the runner must
+# fall back to no namespaces, warn, and still leave nothing behind.
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    import ctypes
+    os.close(w)
+    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
+    os.read(r, 1)
+    open("/proc/sys/user/max_user_namespaces", "w").write("0")
+    os.setgid(65534); os.setuid(65534)
+    os.execv(sys.argv[1], sys.argv[1:])
+os.close(r)
+import time; time.sleep(0.3)
+open(f"/proc/{pid}/uid_map", "w").write("0 0 1\\n65534 65534 1\\n")
+open(f"/proc/{pid}/setgroups", "w").write("deny")
+open(f"/proc/{pid}/gid_map", "w").write("0 0 1\\n65534 65534 1\\n")
+os.write(w, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+FALLBACK_RUN = """
+import os, sys, tempfile, time, warnings
+tempfile.tempdir = sys.argv[1]
+from sandbox_kernel_ext import SandboxManager, CapabilityDeclaration, isolation_report
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    m = SandboxManager()
+    sid = m.create_sandbox(CapabilityDeclaration())
+print("warned:", any("namespaces" in str(w.message) for w in caught))
+print("missing:", isolation_report()["missing"])
+left = "import os, time\\nif os.fork() == 0:\\n    os.closerange(0, 100); os.setsid(); time.sleep(60); os._exit(0)\\nprint('done')"
+start = time.monotonic()
+r = m.run_python(sid, left, timeout=20)
+print("orphan run:", r.exit_code, r.stdout.strip(), round(time.monotonic() - start) < 15)
+r = m.run_python(sid, "open('/etc/shadow')")
+print("shadow:", "PermissionError" in r.stderr)
+m.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set up a user namespace without nested ones")
+def test_without_user_namespaces_the_runner_warns_and_leaves_nothing(shared_dir: Path) -> None:
+    (shared_dir / "wrap.py").write_text(WITHOUT_USER_NAMESPACES)
+    (shared_dir / "run.py").write_text(FALLBACK_RUN)
+    done = subprocess.run(
+        [_venv_python(), str(shared_dir / "wrap.py"), _venv_python(), str(shared_dir / "run.py"), str(shared_dir)],
+        capture_output=True, text=True, timeout=120, cwd=str(shared_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "warned: True" in done.stdout and "namespaces (user namespaces are refused" in done.stdout
+    assert "orphan run: 0 done True" in done.stdout and "shadow: True" in done.stdout
+    assert _no_sandbox_processes()

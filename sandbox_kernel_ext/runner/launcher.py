@@ -72,6 +72,7 @@ def serve(sock: socket.socket) -> None:
 
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     use_userns = userns_usable()
+    pid_namespaces = use_userns or os.geteuid() == 0
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -98,6 +99,8 @@ def serve(sock: socket.socket) -> None:
                 return
             if pid in live:
                 report_exit(pid, status, usage)
+                if not pid_namespaces:
+                    _kill_orphans(set(live))
 
     while True:
         try:
@@ -146,11 +149,12 @@ def serve(sock: socket.socket) -> None:
         os.close(pidfd)
     for pid in list(live):
         _kill_quietly(pid)
-    for pid in list(live):
+    _kill_orphans(set())  # and whatever was reparented to us; then reap them all
+    while True:
         try:
-            os.waitpid(pid, 0)
+            os.wait()
         except ChildProcessError:
-            pass
+            break
 
 
 class RulesetCache:
@@ -181,6 +185,23 @@ class RulesetCache:
         ruleset = prepare_rules(plan)
         self._entries[key] = (now, ruleset)
         return ruleset
+
+
+def _kill_orphans(keep: set[int]) -> None:
+    """Without PID namespaces, what a finished child left running is reparented to us (the
+    subreaper), out of reach of any tree sweep: kill every child of ours but the live ones.
+    (An orphan of a sandbox still running goes too; leaking it past its sandbox is worse.)"""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in keep:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                fields = stat_file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1].decode() == me:
+            _kill_quietly(int(entry))
 
 
 def _kill_quietly(pid: int) -> None:
