@@ -65,17 +65,6 @@ def decode_value(value: Any) -> Any:
     return value
 
 
-def _read_payload(fd: int) -> dict[str, Any]:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(fd)
-    return pickle.loads(b"".join(chunks))
-
-
 def _stream(fd: int, mode: str) -> io.TextIOWrapper:
     raw = io.FileIO(fd, mode, closefd=False)
     buffered = io.BufferedWriter(raw) if "w" in mode else io.BufferedReader(raw)
@@ -85,12 +74,12 @@ def _stream(fd: int, mode: str) -> io.TextIOWrapper:
 
 def run_cell(plan: ChildPlan) -> int:
     """Run the cell; return the exit code (0, 1 after an exception, or SystemExit's code)."""
-    from .child import CONTROL_FD, PAYLOAD_FD
+    from .child import CONTROL_FD, PAYLOAD_FD, read_to_end
 
     sys.stdin, sys.stdout, sys.stderr = _stream(0, "r"), _stream(1, "w"), _stream(2, "w")
     os.environ.clear()
     os.environ.update(plan.env)
-    payload = _read_payload(PAYLOAD_FD)
+    payload = pickle.loads(read_to_end(PAYLOAD_FD))
     code_text: str = payload["code"]
     sys.argv = [CELL_FILENAME]
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}

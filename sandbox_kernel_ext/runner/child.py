@@ -18,7 +18,7 @@ import json
 import os
 import resource
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import landlock, seccomp
@@ -53,8 +53,6 @@ class ChildPlan:
     rlimits: dict[str, list[int]]
     uid: int | None  # identity to drop to when the launcher runs as root
     gid: int | None
-    label: str = "sandbox"
-    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -180,16 +178,10 @@ def spawn(
             _report(status_w, f"error setup: {type(exc).__name__}: {exc}")
         os._exit(0)
     os.close(status_w)
-    chunks = []
-    while True:
-        chunk = os.read(status_r, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(status_r)
+    status = read_to_end(status_r)
     os.waitpid(setup_pid, 0)  # it exits right after forking; its child is now ours to reap
     pid, error = 0, None
-    for line in b"".join(chunks).decode(errors="replace").splitlines():
+    for line in status.decode(errors="replace").splitlines():
         if line.startswith("pid "):
             pid = int(line.split()[1])
         elif line.startswith("error "):
@@ -243,10 +235,14 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
     return STATUS_FD
 
 
-def _read_all(fd: int) -> bytes:
+def read_to_end(fd: int) -> bytes:
+    """Everything until end of file, then close `fd` (pipes and memfds of the plumbing)."""
     chunks = []
-    while chunk := os.read(fd, 1 << 16):
-        chunks.append(chunk)
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
     return b"".join(chunks)
 
 
@@ -266,7 +262,7 @@ def _confine_and_run(
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
     if "env" in fds:  # the environment came on a memfd, never through the launcher's memory
-        plan.env = json.loads(_read_all(fds.pop("env")))
+        plan.env = json.loads(read_to_end(fds.pop("env")))
     ruleset_fd = None
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.

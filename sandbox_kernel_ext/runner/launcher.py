@@ -177,9 +177,8 @@ class RulesetCache:
             return entry[1]
         if entry is not None and entry[1] is not None:
             entry[1].release()
-        while len(self._entries) >= self.size:
-            _, (_, oldest) = next(iter(self._entries.items()))
-            self._entries.pop(next(iter(self._entries)))
+        while len(self._entries) >= self.size:  # dicts keep order: the first is the oldest
+            _, oldest = self._entries.pop(next(iter(self._entries)))
             if oldest is not None:
                 oldest.release()
         ruleset = prepare_rules(plan)

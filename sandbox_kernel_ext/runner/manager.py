@@ -123,24 +123,24 @@ class SandboxManager:
             warnings.warn(self.ISOLATION_WARNING.format(missing="; ".join(missing)), UserWarning,
                           stacklevel=2)
         denied = tuple(denied_reads())
-        build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied)
         grants = filesystem_grants(capability, denied)
+        build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied,
+                   pinned=grants)  # the rest of the policy's checks, before anything is made
+        self._check_writable(grants[1])
         sandbox_id = str(uuid.uuid4())
         home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-", dir=_homes_folder())
         if self.child_uid is not None:
             os.chown(home, self.child_uid, self.child_uid)
         os.chmod(home, 0o700)
-        self._check_writable(capability)
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
                                                    grants=grants)
         return sandbox_id
 
-    def _check_writable(self, capability: CapabilityDeclaration) -> None:
+    def _check_writable(self, writable: list[str]) -> None:
         """As root the child is another uid: say so now, not as an EACCES in the cell."""
         if self.child_uid is None:
             return
-        _, writable = filesystem_grants(capability, ())
         for path in writable:
             info = os.stat(path)
             if info.st_uid != self.child_uid and not info.st_mode & 0o002:
