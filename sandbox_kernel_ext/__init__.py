@@ -70,6 +70,7 @@ from .policy import (
     check_limits,
     validate_path_access,
 )
+from .runner.inside import report_usage
 from .runner.isolation import isolation_report
 from .runner.manager import SandboxManager
 from .runner.monitor import ResourceMonitor
@@ -97,5 +98,6 @@ __all__ = [
     "ResourceMonitor", "SandboxError", "SandboxManager", "SandboxPermissionEscalationError", "SandboxResult", "SandboxStatus",
     "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "TerminalTool", "Tool",
     "ToolError", "WriteResult", "check_egress", "filesystem_list", "filesystem_read",
-    "filesystem_write", "check_limits", "isolation_report", "validate_path_access",
+    "filesystem_write", "check_limits", "isolation_report", "report_usage",
+    "validate_path_access",
 ]

@@ -12,9 +12,10 @@ import base64
 import difflib
 import errno
 import mimetypes
+import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,7 +43,7 @@ from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, VirtualPath
 from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend
 from .deadline import Deadline
-from .host_backend import TEMP_SUFFIX, HostBackend
+from .host_backend import TEMP_SUFFIX, HostBackend, StagedFile
 from .results import (
     ChangeResult,
     DirEntry,
@@ -65,6 +66,19 @@ _LOCK_STRIPES = 64
 # Process-wide, keyed by the real root: two toolsets on one folder share the quota
 # ledger, so they must also serialise on the same files or the deltas drift.
 _stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """A write a sandboxed child is making through a descriptor (see `stage_write`)."""
+
+    vp: VirtualPath
+    config: PathConfig
+    staged: StagedFile
+
+    @property
+    def fd(self) -> int:
+        return self.staged.fd
 
 
 @dataclass(frozen=True)
@@ -460,6 +474,84 @@ class FileSystemToolset:
         except BaseException:
             ledger.reserve(-delta, None, "")
             raise
+
+    # ------------------------------------------- descriptors for a sandboxed child
+    # A confined child cannot open an approval-gated file itself (the kernel's rules leave it
+    # out); the runner asks here on its behalf and hands over a descriptor, so the policy's
+    # checks, its approvals, quotas and atomic writes are the same as for the tools.
+    def open_descriptor(self, path: str) -> tuple[int, int]:
+        """(read-only descriptor, size) of a file, after the checks and the read approval."""
+        vp, config = self._prepare(path, "read")
+        info = self._info(vp)
+        if info is None:
+            raise PathNotFoundError(str(vp))
+        self._check_size(vp, config, info.size)
+        self._approve("read", vp, "read", info.size, f"open for reading, {info.size:,} bytes")
+        f, info = self._open_read(vp)
+        with f:
+            self._check_size(vp, config, info.size)
+            return os.dup(f.fileno()), info.size
+
+    def stage_write(self, path: str, *, keep_content: bool = False,
+                    exclusive: bool = False) -> StagedWrite:
+        """A temp file the child writes through its descriptor; `commit_write` asks for the
+        approval with what was written, then puts it in place. `keep_content` starts it as a
+        copy of the current file (append and update modes)."""
+        vp, config = self._prepare(path, "write")
+        if self.limits.backend == "store":
+            raise FilesystemError(f"Cannot open '{vp}' for a sandboxed process: its root is an "
+                                  "in-memory store, not a folder")
+        old = self._existing_file(vp)
+        if exclusive and old is not None:
+            raise FilesystemError(f"Cannot create '{vp}': it already exists.")
+        where = self._at(vp, "write")
+        with self._io(vp):
+            staged = where.backend.stage(where.rel, exclusive=exclusive)
+        try:
+            if keep_content and old is not None:
+                f, info = self._open_read(vp)
+                with f:
+                    self._check_size(vp, config, info.size)
+                    for chunk in _chunks(f, info.size):
+                        os.write(staged.fd, chunk)
+                os.lseek(staged.fd, 0, os.SEEK_SET)
+        except BaseException:
+            staged.discard()
+            raise
+        return StagedWrite(vp, config, staged)
+
+    def commit_write(
+        self, write: StagedWrite, *, still_wanted: Callable[[], bool] | None = None
+    ) -> WriteResult:
+        """Check, approve (showing the diff) and put a staged file in place; on any refusal
+        it is discarded, so nothing half-written is ever seen at the path. `still_wanted`
+        is asked after the approval (a person may take minutes): False discards."""
+        vp, config, staged = write.vp, write.config, write.staged
+        try:
+            size = os.fstat(staged.fd).st_size
+            self._check_write_size(vp, config, size)
+            old = self._existing_file(vp)
+            head = os.pread(staged.fd, min(size, 4 * _PREVIEW_CHARS * 4), 0)
+            summary = self._change_summary(vp, old, head if size == len(head) else head + b"...")
+            self._approve("write", vp, "write", size, summary)
+            if still_wanted is not None and not still_wanted():
+                raise FilesystemError(f"Cannot write '{vp}': the writer is gone.")
+            with self._path_lock(vp):
+                old = self._existing_file(vp)
+                ledger = self._ledger(vp)
+                delta = size - (old.size if old is not None and old.kind == "file" else 0)
+                ledger.reserve(delta, self.limits.max_total_bytes, f"Writing '{vp}'")
+                try:
+                    with self._io(vp):
+                        staged.commit()
+                except BaseException:
+                    ledger.reserve(-delta, None, "")
+                    raise
+        finally:
+            staged.discard()
+        verb = "Created" if old is None else "Overwrote"
+        return WriteResult(path=str(vp), bytes_written=size, created=old is None,
+                           summary=f"{verb} {vp} ({size:,} bytes).")
 
     def _read_text(self, vp: VirtualPath, config: PathConfig, what: str) -> tuple[str, EntryInfo]:
         """A whole (size-checked) text file, read in chunks under the time budget."""

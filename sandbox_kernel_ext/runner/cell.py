@@ -19,6 +19,7 @@ import sys
 import traceback
 from typing import Any
 
+from . import inside
 from .child import ChildPlan
 
 __all__ = ["run_cell", "encode_value", "decode_value", "CELL_FILENAME", "MAX_VARIABLES_BYTES"]
@@ -80,6 +81,7 @@ def run_cell(plan: ChildPlan) -> int:
     os.environ.clear()
     os.environ.update(plan.env)
     payload = pickle.loads(read_to_end(PAYLOAD_FD))
+    inside.install(CONTROL_FD, payload.get("policy") or {})
     code_text: str = payload["code"]
     sys.argv = [CELL_FILENAME]
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -93,14 +95,14 @@ def run_cell(plan: ChildPlan) -> int:
         missing = [name for name in payload.get("outputs", ()) if name not in namespace]
         if missing:
             raise NameError(f"output variable(s) not defined by the cell: {', '.join(missing)}")
-        frame = json.dumps({"type": "variables", "values": values}, allow_nan=True)
-        if len(frame) > MAX_VARIABLES_BYTES:
+        size = len(json.dumps(values))
+        if size > MAX_VARIABLES_BYTES:
             raise ValueError(
-                f"output variables are {len(frame)} bytes as JSON; the cap is {MAX_VARIABLES_BYTES} "
+                f"output variables are {size} bytes as JSON; the cap is {MAX_VARIABLES_BYTES} "
                 "(write large results to a file in a writable root instead)"
             )
-        with os.fdopen(CONTROL_FD, "w", encoding="utf-8") as control:
-            control.write(frame + "\n")
+        inside.close_staged()
+        inside.send_frame({"type": "variables", "values": values})
     except SystemExit as exc:
         exit_code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):

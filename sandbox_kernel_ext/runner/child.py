@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import resource
 import signal
+import socket
+import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,7 +40,7 @@ PR_CAPBSET_DROP = 24
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 # Where the plumbing sits in the confined child.
-CONTROL_FD = 3  # child -> parent frames (JSON lines): output variables
+CONTROL_FD = 3  # a socket to the parent: JSON-line frames both ways (control.py), fds back
 PAYLOAD_FD = 4  # parent -> child: the cell and its pickled inputs (a memfd)
 STATUS_FD = 5  # child -> launcher: setup errors; closed (on exec) once the child runs
 
@@ -53,6 +56,8 @@ class ChildPlan:
     rlimits: dict[str, list[int]]
     uid: int | None  # identity to drop to when the launcher runs as root
     gid: int | None
+    # Where the egress proxy listens inside the child's network namespace (None: no network).
+    proxy_port: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,13 +154,52 @@ def prepare_rules(plan: ChildPlan) -> landlock.LandlockRuleset | None:
         rules.allow_read(path)
     for path in plan.write_paths:
         rules.allow_write(path)
+    if plan.proxy_port is not None:
+        rules.allow_tcp_connect(plan.proxy_port)  # the proxy is the one TCP port it may reach
     rules.scope_signals().scope_abstract_unix()
     rules.prepare()
     return rules
 
 
-# One filter for every child; its program is assembled once, so a fork only loads it.
+# One filter per kind of child; each program is assembled once, so a fork only loads it. A
+# child with egress rules may open TCP sockets (its namespace has only loopback, and Landlock
+# lets it connect to the proxy's port alone); UDP, raw and unix sockets stay refused.
 SYSCALL_FILTER = seccomp.SeccompFilter(allow_socket_families=()) if seccomp.supported_arch() else None
+EGRESS_SYSCALL_FILTER = (
+    seccomp.SeccompFilter(allow_socket_families=(socket.AF_INET, socket.AF_INET6), inet_tcp_only=True)
+    if seccomp.supported_arch() else None
+)
+SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914
+IFF_UP, IFF_RUNNING = 0x1, 0x40
+
+
+def open_proxy_listener(port: int) -> socket.socket:
+    """Bring up the namespace's loopback and listen on 127.0.0.1:`port` (needs the namespace's
+    CAP_NET_ADMIN, so it runs before the capabilities are dropped)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS,
+                    struct.pack("16sH14x", b"lo", flags | IFF_UP | IFF_RUNNING))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _hand_over_listener(plan: ChildPlan, fds: dict[str, int]) -> None:
+    """The parent serves the proxy on a listener made here, in our network namespace."""
+    handoff = socket.socket(fileno=fds.pop("egress"))
+    try:
+        if plan.proxy_port is not None:
+            with open_proxy_listener(plan.proxy_port) as listener:
+                socket.send_fds(handoff, [b"listener"], [listener.fileno()])
+    finally:
+        handoff.close()
 
 
 def spawn(
@@ -263,6 +307,8 @@ def _confine_and_run(
     os.setsid()
     if "env" in fds:  # the environment came on a memfd, never through the launcher's memory
         plan.env = json.loads(read_to_end(fds.pop("env")))
+    if "egress" in fds:
+        _hand_over_listener(plan, fds)
     ruleset_fd = None
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.
@@ -276,8 +322,9 @@ def _confine_and_run(
     drop_capabilities()
     if rules is not None:
         rules.restrict_self()
-    if SYSCALL_FILTER is not None:
-        SYSCALL_FILTER.install()
+    syscall_filter = EGRESS_SYSCALL_FILTER if plan.proxy_port is not None else SYSCALL_FILTER
+    if syscall_filter is not None:
+        syscall_filter.install()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)

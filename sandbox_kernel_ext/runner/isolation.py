@@ -29,6 +29,12 @@ def _userns() -> bool:
     return userns_usable()
 
 
+def network_namespaces() -> bool:
+    """Whether a child can get its own network namespace (root, or user namespaces allowed):
+    the egress proxy needs one, and without it a sandbox gets no network at all."""
+    return sys.platform.startswith("linux") and (os.geteuid() == 0 or _userns())
+
+
 def isolation_report() -> dict[str, Any]:
     """Which confinement layers this host gives a sandboxed process, and which it lacks."""
     linux = sys.platform.startswith("linux")

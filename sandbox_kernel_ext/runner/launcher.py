@@ -169,7 +169,7 @@ class RulesetCache:
     def get(self, plan: ChildPlan) -> Any:
         from .child import prepare_rules
 
-        key = json.dumps([plan.read_paths, plan.write_paths])
+        key = json.dumps([plan.read_paths, plan.write_paths, plan.proxy_port])
         now = time.monotonic()
         entry = self._entries.pop(key, None)
         if entry is not None and now - entry[0] < self.ttl:

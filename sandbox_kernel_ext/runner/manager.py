@@ -15,28 +15,43 @@ import os
 import pickle
 import selectors
 import shutil
+import socket
 import stat
 import tempfile
 import threading
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..approval.broker import ApprovalBroker
+from ..policy.egress import EgressFilter
 from ..policy.errors import SandboxError
 from ..policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
-from .cell import MAX_VARIABLES_BYTES, decode_value
-from .isolation import check_tier, missing_layers
+from .control import ControlChannel
+from .egress_proxy import EgressProxy
+from .gated_files import GatedFiles, gated_roots
+from .isolation import check_tier, missing_layers, network_namespaces
 from .launcher import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
-from .plan import NOBODY_UID, build_plan, denied_reads, filesystem_grants, homes_folder
+from .plan import (
+    NOBODY_UID,
+    PROXY_PORT,
+    build_plan,
+    denied_reads,
+    filesystem_grants,
+    homes_folder,
+)
 
 __all__ = ["SandboxManager", "OutputCallback"]
 
 OutputCallback = Callable[[str, str], None]  # (stream name "stdout"/"stderr", text)
 _READ_CHUNK = 65536
+EGRESS_LOG_LIMIT = 1000  # decisions kept per sandbox (counts are kept in full)
+_HANDOFF_TIMEOUT = 30.0  # for the child to hand over its proxy listener
 
 
 @dataclass
@@ -52,6 +67,9 @@ class _Sandbox:
     kill_reason: str | None = None
     runs: int = 0
     last_usage: dict[str, Any] = field(default_factory=dict)
+    proxy: EgressProxy | None = None  # when the policy has egress rules and the host can
+    network_note: str | None = None  # why a policy's egress rules give no network here
+    egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
 
 
 class _Stream:
@@ -91,6 +109,10 @@ class SandboxManager:
     `monitor_interval`: seconds between samples of the process tree (default 0.25).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
     `strict: true` does the same for its sandboxes).
+    `broker`: decides approval-gated opens from sandboxed cells (an `ApprovalBroker`; the
+    default asks nobody and denies). Share it with in-kernel toolsets so grants cover both.
+    `egress_resolver`: for tests only, `(host, port) -> [addresses]` used by the egress proxy
+    instead of DNS; nothing in a policy file can set it.
     """
 
     ISOLATION_WARNING = (
@@ -99,7 +121,8 @@ class SandboxManager:
     )
 
     def __init__(
-        self, *, child_uid: int | None = None, monitor_interval: float = 0.25, strict: bool = False
+        self, *, child_uid: int | None = None, monitor_interval: float = 0.25, strict: bool = False,
+        broker: ApprovalBroker | None = None, egress_resolver: Callable[[str, int], list[str]] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._sandboxes: dict[str, _Sandbox] = {}
@@ -108,6 +131,8 @@ class SandboxManager:
         self._strict = strict
         self._is_root = os.name == "posix" and os.geteuid() == 0
         self.child_uid = (child_uid if child_uid is not None else NOBODY_UID) if self._is_root else None
+        self.broker = broker if broker is not None else ApprovalBroker()  # headless: deny
+        self._egress_resolver = egress_resolver
 
     # -- lifecycle -------------------------------------------------------------------------------
     def create_sandbox(self, capability: CapabilityDeclaration) -> str:
@@ -127,6 +152,16 @@ class SandboxManager:
         build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied,
                    pinned=grants)  # the rest of the policy's checks, before anything is made
         self._check_writable(grants[1])
+        network_note = None
+        if capability.network_egress_rules and not network_namespaces():
+            network_note = (
+                "network_egress_rules cannot be enforced on this host (no network namespace: "
+                "user namespaces are refused), so this sandbox gets no network at all"
+            )
+            if self._strict or capability.strict:
+                raise SandboxError("strict mode: " + network_note)
+            warnings.warn("sandbox_kernel_ext: " + network_note, UserWarning, stacklevel=2)
+        gated_roots(capability)  # a bad path table fails here, not in the first run
         sandbox_id = str(uuid.uuid4())
         home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-", dir=_homes_folder())
         if self.child_uid is not None:
@@ -134,7 +169,7 @@ class SandboxManager:
         os.chmod(home, 0o700)
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
-                                                   grants=grants)
+                                                   grants=grants, network_note=network_note)
         return sandbox_id
 
     def _check_writable(self, writable: list[str]) -> None:
@@ -175,6 +210,8 @@ class SandboxManager:
             sandbox.child.exited.wait(timeout=10)
         with self._lock:
             self._sandboxes.pop(sandbox_id, None)
+        if sandbox.proxy is not None:
+            sandbox.proxy.close()
         shutil.rmtree(sandbox.home, ignore_errors=True)
 
     def close(self) -> None:
@@ -216,6 +253,10 @@ class SandboxManager:
     def monitor(self, sandbox_id: str) -> ResourceMonitor | None:
         """The running child's monitor (subscribe to it for live gauges), or None."""
         return self._get(sandbox_id).monitor
+
+    def egress_log(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sandbox's egress decisions, oldest first (the last EGRESS_LOG_LIMIT of them)."""
+        return list(self._get(sandbox_id).egress_log)
 
     # -- running ----------------------------------------------------------------------------------
     def execute(
@@ -259,11 +300,25 @@ class SandboxManager:
             raise SandboxError("code must be a string")
         outputs = list(outputs)
         try:
-            payload = pickle.dumps({"code": code, "inputs": dict(inputs or {}), "outputs": outputs})
+            payload = pickle.dumps({"code": code, "inputs": dict(inputs or {}), "outputs": outputs,
+                                    "policy": self._child_view(self._get(sandbox_id))})
         except Exception as exc:  # noqa: BLE001
             raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
         return self._run(sandbox_id, "python", [], timeout, cwd=cwd, env=env,
                          on_output=on_output, payload=payload)
+
+    @staticmethod
+    def _child_view(sandbox: _Sandbox) -> dict[str, Any]:
+        """What the cell's hooks know of the policy: the table's roots, for approval-gated
+        opens and for refusals that name the virtual path; the plain grants, for the rest."""
+        readable, writable = sandbox.grants or ([], [])
+        everywhere = sandbox.capability.filesystem_config.readable_paths is None
+        return {
+            "roots": [root.to_json() for root in gated_roots(sandbox.capability)],
+            "readable": ["/"] if everywhere else list(readable),
+            "writable": [sandbox.home, *writable],
+            "denied": list(sandbox.denied),
+        }
 
     def _run(
         self, sandbox_id: str, kind: str, argv: list[str], timeout: float, *,
@@ -280,9 +335,11 @@ class SandboxManager:
             sandbox.kill_reason = None
             sandbox.child = None
         try:
+            egress = bool(sandbox.capability.network_egress_rules) and sandbox.network_note is None
             plan = build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
                               env=env, uid=self.child_uid, gid=self.child_uid,
-                              denied=sandbox.denied, pinned=sandbox.grants)
+                              denied=sandbox.denied, pinned=sandbox.grants,
+                              proxy_port=PROXY_PORT if egress else None)
         except BaseException:
             sandbox.status = previous  # a bad request changes nothing
             raise
@@ -306,6 +363,7 @@ class SandboxManager:
         cap = int(limits.max_output_mb * 1024 * 1024)
         parent_fds: list[int] = []
         child_fds: dict[str, int] = {}
+        control_sock = handoff = listener = None
         try:
             out_r, child_fds["stdout"] = os.pipe2(os.O_CLOEXEC)
             err_r, child_fds["stderr"] = os.pipe2(os.O_CLOEXEC)
@@ -314,11 +372,13 @@ class SandboxManager:
                 child_fds["stdin"] = _memfd("sandbox-stdin", stdin)
             else:
                 child_fds["stdin"] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            control_r = None
             if payload is not None:
-                control_r, child_fds["control"] = os.pipe2(os.O_CLOEXEC)
-                parent_fds.append(control_r)
+                control_sock, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                child_fds["control"] = child_end.detach()
                 child_fds["payload"] = _memfd("sandbox-cell", payload)
+            if plan.proxy_port is not None:
+                handoff, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                child_fds["egress"] = child_end.detach()
             # Values (API keys the policy lets through) go on a memfd: a plan is kept in the
             # launcher's memory, which every later fork inherits.
             child_fds["env"] = _memfd("sandbox-env", json.dumps(plan.env).encode())
@@ -327,6 +387,11 @@ class SandboxManager:
             sandbox.child = child  # from here on, kill() and destroy() reach it
             try:
                 child.wait_started()
+                for fd in child_fds.values():
+                    os.close(fd)
+                child_fds.clear()  # so an end of file means the child is gone
+                if handoff is not None:
+                    listener = self._serve_egress(sandbox, child, handoff)
             except BaseException:
                 child.kill()  # an interrupt while it starts: it must not run on unwatched
                 child.exited.wait(timeout=10)
@@ -335,20 +400,34 @@ class SandboxManager:
         except BaseException:
             for fd in parent_fds:
                 os.close(fd)
+            if control_sock is not None:
+                control_sock.close()
             raise
         finally:
             for fd in child_fds.values():
                 os.close(fd)
+            if handoff is not None:
+                handoff.close()
         monitor = ResourceMonitor(
             limits, interval=self._interval, timeout=timeout,
             on_breach=lambda reason: self._breach(sandbox, child, reason),
         )
         sandbox.monitor = monitor
         streams = {out_r: _Stream("stdout", cap, on_output), err_r: _Stream("stderr", cap, on_output)}
-        control = bytearray()
+        control = None
+        if control_sock is not None:
+            control = ControlChannel(
+                control_sock,
+                GatedFiles(sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}"),
+                on_usage=lambda tokens, cost: self._usage(monitor, tokens, cost),
+                on_malformed=lambda reason: self._breach(sandbox, child, reason),
+                on_waiting=lambda waiting: (monitor.pause_clock() if waiting
+                                            else monitor.resume_clock()),
+            )
+        egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
             monitor.start(child.pid)
-            self._pump(child, streams, control_r, control, started, timeout, sandbox)
+            self._pump(child, streams, control, monitor, timeout, sandbox)
             child.exited.wait()
         except BaseException:
             self._breach(sandbox, child, "interrupted")
@@ -359,49 +438,96 @@ class SandboxManager:
             sandbox.monitor = None
             for fd in parent_fds:
                 os.close(fd)
+            if control is not None:
+                control.close()
+            if listener is not None and sandbox.proxy is not None:
+                sandbox.proxy.stop_serving(listener)  # its namespace is gone with the child
             child.close()
-        return self._result(sandbox, child, monitor, streams, control, started)
+        return self._result(sandbox, child, monitor, streams, control, started, egress_before)
+
+    def _serve_egress(
+        self, sandbox: _Sandbox, child: SpawnedChild, handoff: socket.socket
+    ) -> socket.socket:
+        """Take the listener the child made in its network namespace and proxy for it."""
+        handoff.settimeout(_HANDOFF_TIMEOUT)
+        try:
+            _, fds, _, _ = socket.recv_fds(handoff, 64, 1)
+        except OSError as exc:
+            fds, reason = [], str(exc)
+        else:
+            reason = "it ended first" if not fds else ""
+        if not fds:
+            raise SandboxError(f"the sandbox could not set up its network ({reason}); "
+                               f"{child.error or 'see the isolation report'}")
+        with self._lock:
+            if sandbox.proxy is None:
+                sandbox.proxy = EgressProxy(
+                    EgressFilter(sandbox.capability.network_egress_rules),
+                    sandbox_id=sandbox.sandbox_id, on_decision=sandbox.egress_log.append,
+                    resolver=self._egress_resolver,
+                )
+        listener = socket.socket(fileno=fds[0])
+        sandbox.proxy.serve(listener)
+        return listener
+
+    @staticmethod
+    def _usage(monitor: ResourceMonitor, tokens: int, cost: float) -> None:
+        if tokens:
+            monitor.record_tokens(tokens)
+        if cost:
+            monitor.record_cost(cost)
 
     def _breach(self, sandbox: _Sandbox, child: SpawnedChild, reason: str) -> None:
         if sandbox.kill_reason is None:
             sandbox.kill_reason = reason
         child.kill()
 
-    def _pump(self, child: SpawnedChild, streams: dict[int, _Stream], control_r: int | None,
-              control: bytearray, started: float, timeout: float, sandbox: _Sandbox) -> None:
-        """Read every pipe until all reach end of file (the namespace is gone by then)."""
+    def _pump(self, child: SpawnedChild, streams: dict[int, _Stream],
+              control: ControlChannel | None, monitor: ResourceMonitor, timeout: float,
+              sandbox: _Sandbox) -> None:
+        """Read every pipe until all reach end of file (the namespace is gone by then). The
+        timeout counts the monitor's clock, which stops while an approval is awaited."""
         selector = selectors.DefaultSelector()
         for fd in streams:
             selector.register(fd, selectors.EVENT_READ)
-        if control_r is not None:
-            selector.register(control_r, selectors.EVENT_READ)
+        if control is not None:
+            selector.register(control.fileno(), selectors.EVENT_READ)
         open_fds = len(selector.get_map())
-        deadline = started + timeout
         try:
             while open_fds:
-                remaining = deadline - time.monotonic()
+                remaining = timeout - monitor.elapsed()
                 if remaining <= 0 and sandbox.kill_reason is None:
                     self._breach(sandbox, child, f"timeout after {timeout:g} s")
                 for key, _ in selector.select(timeout=max(min(remaining, 0.5), 0.05)):
-                    data = os.read(key.fd, _READ_CHUNK)
+                    try:
+                        data = os.read(key.fd, _READ_CHUNK)
+                    except ConnectionResetError:
+                        data = b""
+                    if key.fd in streams:
+                        if data:
+                            streams[key.fd].feed(data)
+                    elif control is not None:
+                        if data:
+                            control.feed(data)
+                        else:
+                            control.finish()
                     if not data:
                         selector.unregister(key.fd)
                         open_fds -= 1
-                    elif key.fd in streams:
-                        streams[key.fd].feed(data)
-                    elif len(control) + len(data) <= MAX_VARIABLES_BYTES + 1024:
-                        control += data
-                    else:
-                        self._breach(sandbox, child, "the child sent more control data than allowed")
         finally:
             selector.close()
 
     def _result(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
-                streams: dict[int, _Stream], control: bytearray, started: float) -> SandboxResult:
+                streams: dict[int, _Stream], control: ControlChannel | None, started: float,
+                egress_before: dict[str, int]) -> SandboxResult:
         usage = monitor.snapshot()
         usage["cpu_seconds"] = round(max(usage.get("cpu_seconds", 0.0), child.cpu_seconds), 4)
         usage["peak_memory_mb"] = round(max(usage.get("peak_memory_mb", 0.0), child.maxrss_kb / 1024), 2)
-        usage["elapsed_seconds"] = round(time.monotonic() - started, 4)
+        usage["elapsed_seconds"] = round(usage["elapsed_seconds"], 4)
+        usage["wall_seconds"] = round(time.monotonic() - started, 4)
+        if sandbox.proxy is not None:
+            for name, count in sandbox.proxy.counts.items():
+                usage[f"egress_{name}"] = count - egress_before.get(name, 0)
         dropped = {s.name: s.dropped for s in streams.values() if s.dropped}
         if dropped:
             usage["output_dropped_bytes"] = dropped
@@ -411,34 +537,19 @@ class SandboxManager:
         exit_code = child.status if child.status is not None else -1
         if child.error:
             stderr += f"[sandbox] {child.error}\n"
+        if sandbox.network_note is not None:
+            stderr += f"[sandbox] {sandbox.network_note}\n"
         variables: dict[str, Any] = {}
         if reason is not None:
             exit_code = -1
             stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + f"[sandbox] killed: {reason}\n"
-        elif control:
-            variables = _parse_variables(bytes(control))
+        elif control is not None and control.variables is not None:
+            variables = control.variables
         return SandboxResult(
             exit_code=exit_code, stdout=stdout, stderr=stderr,
             duration_ms=(time.monotonic() - started) * 1000, resource_usage=usage,
             killed=reason, variables=variables,
         )
-
-
-def _parse_variables(data: bytes) -> dict[str, Any]:
-    """The child's one frame, parsed as untrusted JSON (never pickle)."""
-    try:
-        # Our frame is the last line the child wrote; anything a cell wrote there itself is not.
-        frame = json.loads(data.decode("utf-8").rstrip("\n").rsplit("\n", 1)[-1])
-        if not isinstance(frame, dict) or frame.get("type") != "variables":
-            raise ValueError("not a variables frame")
-        values = frame["values"]
-        if not isinstance(values, dict):
-            raise ValueError("values is not an object")
-        return {str(name): decode_value(value) for name, value in values.items()}
-    except (ValueError, KeyError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
-        raise SandboxError(
-            f"the sandbox sent malformed output variables: {type(exc).__name__}: {exc}"
-        ) from None
 
 
 def _homes_folder() -> str:

@@ -69,6 +69,9 @@ class ResourceMonitor:
 
         self._started_at = time.monotonic()
         self._stopped_at: float | None = None
+        self._paused_seconds = 0.0  # time spent waiting for a person does not count
+        self._paused_since: float | None = None
+        self._pauses = 0
         self._cpu_seconds = 0.0
         self._memory_mb = 0.0
         self._peak_memory_mb = 0.0
@@ -177,14 +180,41 @@ class ResourceMonitor:
 
     # -- internals ------------------------------------------------------------------
 
-    def _snapshot_locked(self) -> dict[str, Any]:
+    def pause_clock(self) -> None:
+        """Stop counting elapsed time (while the run waits for an approval); nests."""
+        with self._lock:
+            self._pauses += 1
+            if self._pauses == 1:
+                self._paused_since = time.monotonic()
+
+    def resume_clock(self) -> None:
+        with self._lock:
+            if self._pauses == 0:
+                return
+            self._pauses -= 1
+            if self._pauses == 0 and self._paused_since is not None:
+                self._paused_seconds += time.monotonic() - self._paused_since
+                self._paused_since = None
+
+    def elapsed(self) -> float:
+        """Seconds the run has counted against its timeout."""
+        with self._lock:
+            return self._elapsed_locked()
+
+    def _elapsed_locked(self) -> float:
         end = self._stopped_at if self._stopped_at is not None else time.monotonic()
+        paused = self._paused_seconds
+        if self._paused_since is not None:
+            paused += max(0.0, end - self._paused_since)
+        return max(0.0, end - self._started_at - paused)
+
+    def _snapshot_locked(self) -> dict[str, Any]:
         return {
             "cpu_seconds": self._cpu_seconds,
             "peak_memory_mb": self._peak_memory_mb,
             "tokens_used": self._tokens_used,
             "cost_usd": self._cost_usd,
-            "elapsed_seconds": max(0.0, end - self._started_at),
+            "elapsed_seconds": self._elapsed_locked(),
             "memory_mb": self._memory_mb,
             "processes": self._processes,
             "cpu_percent": self._cpu_percent,

@@ -20,9 +20,13 @@ from ..policy.models import CapabilityDeclaration, FilesystemMode
 from . import landlock
 from .child import ChildPlan
 
-__all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID"]
+__all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID", "PROXY_PORT"]
 
 NOBODY_UID = 65534
+# Where the egress proxy listens inside each child's own network namespace (so one number
+# serves every sandbox at once).
+PROXY_PORT = 3128
+PROXY_ENV_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 # Always set by the runner; never taken from the kernel's environment.
 BASE_ENV_NAMES = ("PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
 # Programs a shell command needs: system binaries and libraries (no user data lives there).
@@ -190,6 +194,7 @@ def build_plan(
     gid: int | None = None,
     denied: tuple[str, ...] | None = None,
     pinned: tuple[list[str], list[str]] | None = None,
+    proxy_port: int | None = None,
 ) -> ChildPlan:
     """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
     elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
@@ -207,6 +212,10 @@ def build_plan(
         if landlock._is_within(path, homes) or landlock._is_within(homes, path):
             raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
     child_env = child_environment(capability, home, env)
+    for name in (*PROXY_ENV_NAMES, "NO_PROXY", "no_proxy"):
+        child_env.pop(name, None)  # only the runner says where the way out is
+    if proxy_port is not None:
+        child_env.update(dict.fromkeys(PROXY_ENV_NAMES, f"http://127.0.0.1:{proxy_port}"))
     if kind == "exec":
         argv = resolve_command(argv, child_env)
     workdir = os.path.realpath(cwd) if cwd else (writable[0] if writable else home)
@@ -224,4 +233,5 @@ def build_plan(
         rlimits=rlimits_for(capability),
         uid=uid,
         gid=gid,
+        proxy_port=proxy_port,
     )

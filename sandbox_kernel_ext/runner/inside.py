@@ -1,0 +1,324 @@
+"""What sandboxed Python sees of the policy: `report_usage`, approval-gated opens, and
+refusals that say what the policy allows.
+
+Runs inside the confined child, installed before the cell's first line. None of it is a
+security boundary (the cell could undo it): the kernel's rules are. It makes the boundary
+usable: `open()` of an approval-gated path asks the kernel over the control channel and gets
+a descriptor back once someone approves, and a refused open names the virtual path and what
+is allowed instead of a bare EACCES.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import json
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+__all__ = ["report_usage", "install", "send_frame"]
+
+_channel: _Channel | None = None
+_open = io.open  # the real ones, kept before anything is wrapped
+_os_open = os.open
+_os_close = os.close
+_os_fdopen = os.fdopen
+
+
+class _Channel:
+    """The child's end of the control socket: one request at a time, answers in order."""
+
+    def __init__(self, fd: int) -> None:
+        self._sock = socket.socket(fileno=fd)
+        self._sock.set_inheritable(False)
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._pending = b""
+
+    def send(self, frame: dict[str, Any]) -> None:
+        data = (json.dumps(frame) + "\n").encode()
+        with self._lock:
+            self._sock.sendall(data)
+
+    def ask(self, frame: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        with self._lock:
+            self._next_id += 1
+            frame["id"] = self._next_id
+            self._sock.sendall((json.dumps(frame) + "\n").encode())
+            fds: list[int] = []
+            while b"\n" not in self._pending:
+                data, more, _flags, _addr = socket.recv_fds(self._sock, 65536, 4)
+                fds += more
+                if not data:
+                    raise PermissionError(errno.EACCES, "the kernel closed the control channel")
+                self._pending += data
+            line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line), fds
+
+
+def send_frame(frame: dict[str, Any]) -> None:
+    if _channel is None:
+        raise RuntimeError("not inside a sandboxed cell")
+    _channel.send(frame)
+
+
+def report_usage(tokens: int = 0, cost: float = 0.0) -> None:
+    """Count model spend against this sandbox's token and cost budgets (a breach ends it)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be a whole number from 0, got {tokens!r}")
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost >= 0:
+        raise ValueError(f"cost must be a number from 0, got {cost!r}")
+    if _channel is None:
+        raise RuntimeError(
+            "report_usage works inside a sandboxed cell; in the kernel, use "
+            "SandboxManager.record_usage(sandbox_id, tokens=..., cost_usd=...)"
+        )
+    send_frame({"type": "usage", "tokens": tokens, "cost": float(cost)})
+
+
+# -- the policy as the child knows it ---------------------------------------------------------
+class _Policy:
+    def __init__(self, view: dict[str, Any]) -> None:
+        self.roots: list[dict[str, Any]] = view.get("roots", [])
+        self.readable: list[str] = view.get("readable", [])
+        self.writable: list[str] = view.get("writable", [])
+        self.denied: list[str] = view.get("denied", [])
+
+    @staticmethod
+    def _within(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    def root_of(self, path: str) -> tuple[dict[str, Any], str] | None:
+        for root in self.roots:
+            if self._within(path, root["host"]):
+                rest = path[len(root["host"]):].strip("/")
+                return root, (root["virtual"].rstrip("/") + "/" + rest) if rest else root["virtual"]
+        return None
+
+    def gated(self, path: str, write: bool) -> bool:
+        found = self.root_of(path)
+        if found is None:
+            return False
+        root = found[0]
+        return root["read_approval"] or (write and root["writable"] and root["write_approval"])
+
+    def explain(self, path: str, write: bool) -> str | None:
+        """Why the policy refuses this access, or None if it allows it (then a refusal is the
+        file's own permissions, and the system's message is the right one)."""
+        access = "write to" if write else "read of"
+        found = self.root_of(path)
+        if found is not None:
+            root, virtual = found
+            if write and not root["writable"]:
+                writable = [r["virtual"] for r in self.roots if r["writable"]]
+                return (f"{access} {virtual} denied by the sandbox policy: {root['virtual']} is "
+                        f"read-only (writable: {', '.join(writable) or 'nothing'})")
+            return None
+        if any(self._within(path, folder) for folder in self.denied):
+            return (f"{access} {path} denied by the sandbox policy: it holds credentials, which "
+                    "no sandbox may read")
+        granted = self.writable if write else self.readable + self.writable
+        if any(self._within(path, folder) for folder in granted):
+            return None
+        shown = [r["virtual"] + (" (read-only)" if not r["writable"] else "") for r in self.roots]
+        shown += granted
+        allowed = ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
+        return (f"{access} {path} denied by the sandbox policy: it is outside the "
+                f"{'writable' if write else 'readable'} paths (allowed: {allowed or 'nothing'})")
+
+
+_policy = _Policy({})
+_staged: dict[int, str] = {}  # descriptor -> commit handle, for os.open() callers
+_inside_wrapper = threading.local()
+
+
+def _path_text(file: Any) -> str | None:
+    if isinstance(file, int) or not isinstance(file, (str, bytes, os.PathLike)):
+        return None
+    path = os.fsdecode(os.fspath(file))
+    return os.path.normpath(os.path.join(os.getcwd(), path))
+
+
+def _mode_flags(mode: str) -> int:
+    plus = "+" in mode
+    if "r" in mode:
+        return os.O_RDWR if plus else os.O_RDONLY
+    base = os.O_RDWR if plus else os.O_WRONLY
+    if "w" in mode:
+        return base | os.O_CREAT | os.O_TRUNC
+    if "a" in mode:
+        return base | os.O_CREAT | os.O_APPEND
+    if "x" in mode:
+        return base | os.O_CREAT | os.O_EXCL
+    raise ValueError(f"invalid mode: {mode!r}")
+
+
+def _is_write(flags: int) -> bool:
+    return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
+
+
+def _ask_open(path: str, flags: int) -> tuple[int, str | None]:
+    if _channel is None:
+        raise PermissionError(errno.EACCES, "no control channel to ask for approval", path)
+    reply, fds = _channel.ask({"type": "open", "path": path, "flags": flags})
+    if not reply.get("ok") or len(fds) != 1:
+        for fd in fds:
+            _os_close(fd)
+        raise PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
+                              path)
+    return fds[0], reply.get("handle")
+
+
+def _commit(handle: str, path: str) -> None:
+    assert _channel is not None
+    reply, fds = _channel.ask({"type": "commit", "handle": handle})
+    for fd in fds:
+        _os_close(fd)
+    if not reply.get("ok"):
+        raise PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
+                              path)
+
+
+class _StagedFileIO(io.FileIO):
+    """A write the kernel staged for us: closing it asks for the file to be put in place."""
+
+    def __init__(self, fd: int, mode: str, handle: str, path: str) -> None:
+        super().__init__(fd, mode, closefd=True)
+        self._handle, self._path = handle, path
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()
+        _commit(self._handle, self._path)
+
+
+def _wrap(fd: int, handle: str | None, path: str, mode: str, buffering: int,
+          encoding: str | None, errors: str | None, newline: str | None) -> Any:
+    """What io.open would build around a descriptor, with our raw file for staged writes."""
+    kind = "r" if "r" in mode else "a" if "a" in mode else "w"  # x: the commit is exclusive
+    raw_mode = kind + ("+" if "+" in mode else "")
+    try:
+        raw = (_StagedFileIO(fd, raw_mode, handle, path) if handle
+               else io.FileIO(fd, raw_mode, closefd=True))
+    except BaseException:
+        _os_close(fd)
+        raise
+    raw.name = path
+    if "a" in mode:
+        raw.seek(0, os.SEEK_END)
+    binary = "b" in mode
+    if buffering == 0 and binary:
+        return raw
+    size = io.DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering
+    if raw.readable() and raw.writable():
+        buffer: Any = io.BufferedRandom(raw, size)
+    elif raw.writable():
+        buffer = io.BufferedWriter(raw, size)
+    else:
+        buffer = io.BufferedReader(raw, size)
+    if binary:
+        return buffer
+    text = io.TextIOWrapper(buffer, encoding, errors, newline, line_buffering=buffering == 1)
+    text.mode = mode
+    return text
+
+
+def _refusal(exc: OSError, path: str, write: bool) -> OSError:
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return exc
+    reason = _policy.explain(path, write)
+    return exc if reason is None else PermissionError(exc.errno, reason, path)
+
+
+def _sandbox_open(file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
+                  errors: str | None = None, newline: str | None = None, closefd: bool = True,
+                  opener: Any = None) -> Any:
+    path = _path_text(file) if opener is None and isinstance(mode, str) else None
+    if path is None:
+        return _open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+    flags = _mode_flags(mode)
+    write = _is_write(flags)
+    if _policy.gated(path, write):
+        _inside_wrapper.active = True
+        try:
+            fd, handle = _ask_open(path, flags)
+        finally:
+            _inside_wrapper.active = False
+        return _wrap(fd, handle, path, mode, buffering, encoding, errors, newline)
+    try:
+        return _open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+    except OSError as exc:
+        raise _refusal(exc, path, write) from None
+
+
+def _sandbox_os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+    full = _path_text(path) if dir_fd is None else None
+    if full is not None and _policy.gated(full, _is_write(flags)):
+        fd, handle = _ask_open(full, flags & ~os.O_CLOEXEC)
+        if handle:
+            _staged[fd] = handle
+        return fd
+    try:
+        return _os_open(path, flags, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        raise (exc if full is None else _refusal(exc, full, _is_write(flags))) from None
+
+
+def _sandbox_os_close(fd: int) -> None:
+    _os_close(fd)
+    handle = _staged.pop(fd, None)
+    if handle is not None:
+        _commit(handle, f"descriptor {fd}")
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Opens that went around the wrappers (io.FileIO directly, a saved os.open): refuse a
+    gated one with the reason, instead of the kernel's bare EACCES."""
+    if event != "open" or getattr(_inside_wrapper, "active", False):
+        return
+    path = _path_text(args[0]) if args else None
+    if path is None:
+        return
+    mode, flags = args[1], args[2]
+    write = _is_write(flags) if isinstance(flags, int) and flags else (
+        isinstance(mode, str) and any(ch in mode for ch in "wax+"))
+    if _policy.gated(path, write):
+        found = _policy.root_of(path)
+        virtual = found[1] if found else path
+        raise PermissionError(
+            errno.EACCES,
+            f"{'write to' if write else 'read of'} {virtual} needs approval: open it with "
+            "open() or os.open(), which ask the kernel for it",
+            path,
+        )
+
+
+def install(control_fd: int, view: dict[str, Any]) -> None:
+    """Connect to the kernel and put the wrappers in place (before the cell's first line)."""
+    global _channel, _policy
+    _channel = _Channel(control_fd)
+    _policy = _Policy(view)
+    package = sys.modules.get("sandbox_kernel_ext")
+    if package is not None:
+        package.report_usage = report_usage  # type: ignore[attr-defined]
+    if _policy.roots or _policy.readable or _policy.writable:
+        builtins.open = _sandbox_open
+        io.open = _sandbox_open
+        os.open = _sandbox_os_open
+        os.close = _sandbox_os_close
+        sys.addaudithook(_audit)
+
+
+def close_staged() -> None:
+    """At the end of the cell: commit what os.open() callers left open (a file object left
+    open is closed, and committed, by the interpreter's own clean-up before this)."""
+    for fd in list(_staged):
+        try:
+            _sandbox_os_close(fd)
+        except OSError as exc:
+            print(f"[sandbox] {exc}", file=sys.stderr)
