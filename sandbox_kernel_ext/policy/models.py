@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -72,12 +73,32 @@ def normalize_domain(value: str) -> str:
     return domain
 
 
+def normalize_network(value: str) -> str:
+    """The canonical CIDR text of an address range (host bits dropped). Raises ValueError
+    naming the value."""
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        raise ValueError(
+            f"private_networks entry {value!r} is not an IP network in CIDR notation "
+            "like '10.0.0.0/8', '127.0.0.1/32' or 'fd00::/8'"
+        ) from None
+
+
 class NetworkEgressRule(_Model):
-    """One allow-listed destination: a domain (or `*.` wildcard) and its ports."""
+    """One allow-listed destination: a domain (or `*.` wildcard) and its ports.
+
+    `private_networks` lists the non-public address ranges (CIDR) this rule's names may
+    resolve to; the egress proxy refuses loopback, private, link-local and other such
+    addresses unless the matching rule names them there (or its domain is that address).
+    """
 
     domain: str
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
     rate_limit_per_min: int = Field(60, ge=1)
+    private_networks: list[Annotated[str, AfterValidator(normalize_network)]] = Field(
+        default_factory=list
+    )
 
     @field_validator("domain")
     @classmethod
