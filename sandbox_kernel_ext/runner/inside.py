@@ -179,8 +179,11 @@ def _commit(handle: str, path: str) -> None:
     for fd in fds:
         _os_close(fd)
     if not reply.get("ok"):
-        raise PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
-                              path)
+        error = PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
+                                path)
+        # Said here too: a file closed by the garbage collector swallows what close() raises.
+        print(f"[sandbox] {path} was not written: {error.strerror}", file=sys.stderr)
+        raise error
 
 
 class _StagedFileIO(io.FileIO):

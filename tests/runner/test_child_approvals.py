@@ -1,0 +1,329 @@
+"""Approval-gated files and usage reports from inside a real confined Python cell.
+
+The kernel's rules leave gated roots out of the child's reach; the child asks over its control
+channel and the broker decides. These tests are the person (a responder they control), and
+they also play the hostile cell: forged frames, replays, bypasses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox_kernel_ext import (
+    ApprovalBroker,
+    ApprovalDecision,
+    ApprovalRequest,
+    CapabilityDeclaration,
+    Decision,
+    SandboxManager,
+)
+from sandbox_kernel_ext.files.host_backend import TEMP_SUFFIX
+
+
+class Person:
+    """A responder the test drives: each request waits until the test answers it."""
+
+    def __init__(self) -> None:
+        self.asked: list[ApprovalRequest] = []
+        self.answers: dict[str, Decision] = {}
+        self._cond = threading.Condition()
+
+    def __call__(self, request: ApprovalRequest, timeout: float | None) -> ApprovalDecision:
+        with self._cond:
+            self.asked.append(request)
+            self._cond.notify_all()
+            ok = self._cond.wait_for(lambda: request.path in self.answers, timeout=timeout)
+            if not ok:
+                return ApprovalDecision(decision=Decision.deny, decided_by="timeout",
+                                        reason="nobody answered in time")
+            return ApprovalDecision(decision=self.answers.pop(request.path), decided_by="test")
+
+    def wait_for_question(self, path: str) -> ApprovalRequest:
+        with self._cond:
+            assert self._cond.wait_for(lambda: any(r.path == path for r in self.asked), timeout=60)
+            return next(r for r in self.asked if r.path == path)
+
+    def answer(self, path: str, decision: Decision) -> None:
+        with self._cond:
+            self.answers[path] = decision
+            self._cond.notify_all()
+
+
+@pytest.fixture
+def roots(shared_dir: Path) -> Path:
+    for name in ("data", "secret", "docs"):
+        (shared_dir / name).mkdir(mode=0o777)
+        os.chmod(shared_dir / name, 0o777)
+    (shared_dir / "secret" / "key.txt").write_text("the secret\n")
+    (shared_dir / "docs" / "guide.md").write_text("# guide\n")
+    return shared_dir
+
+
+def _policy(base: Path, **limits: object) -> CapabilityDeclaration:
+    return CapabilityDeclaration.model_validate({
+        "paths": {
+            "data": {"root": str(base / "data"), "mode": "rw"},  # writes need approval
+            "secret": {"root": str(base / "secret"), "mode": "ro", "read_approval": True},
+            "docs": {"root": str(base / "docs"), "mode": "ro", "write_approval": False},
+        },
+        "resource_limits": limits,
+    })
+
+
+@pytest.fixture
+def person() -> Person:
+    return Person()
+
+
+@pytest.fixture
+def gated(person: Person) -> Iterator[SandboxManager]:
+    with SandboxManager(broker=ApprovalBroker(person, timeout=60)) as manager:
+        yield manager
+
+
+def _in_background(fn: Callable[[], object]) -> tuple[threading.Thread, list]:
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    return thread, box
+
+
+def _temp_files(folder: Path) -> list[str]:
+    return [name for name in os.listdir(folder) if name.endswith(TEMP_SUFFIX)]
+
+
+def _wait_for_control_threads() -> None:
+    """A worker still asking when its run ended finishes once answered (and then writes
+    nothing); wait for it so the folder is looked at afterwards."""
+    for thread in threading.enumerate():
+        if thread.name == "sandbox-control":
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+
+
+def _sandbox_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == 65534]
+
+
+def test_a_gated_write_waits_for_the_answer_then_lands_whole(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    target = roots / "data" / "out.csv"
+    code = f"with open({str(target)!r}, 'w') as f:\n    f.write('a,b\\n1,2\\n')\nprint('written')"
+    thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=30))
+    request = person.wait_for_question("/data/out.csv")
+    assert request.operation == "write" and request.size == 8 and "1,2" in request.summary
+    assert not target.exists() and len(_temp_files(roots / "data")) == 1  # staged, not visible
+    assert gated.status(sid).value == "running"
+    person.answer("/data/out.csv", Decision.allow_once)
+    thread.join()
+    result = box[0]
+    assert result.exit_code == 0 and result.stdout == "written\n", result.stderr
+    assert target.read_text() == "a,b\n1,2\n" and not _temp_files(roots / "data")
+
+
+def test_a_denied_write_leaves_nothing_and_says_why(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    person.answer("/data/x.csv", Decision.deny)
+    result = gated.run_python(sid, f"open({str(roots / 'data' / 'x.csv')!r}, 'w').close()")
+    assert result.exit_code == 1
+    assert "PermissionError" in result.stderr and "/data/x.csv" in result.stderr
+    assert "was not approved" in result.stderr
+    assert os.listdir(roots / "data") == []
+
+
+def test_gated_reads_ask_and_other_roots_do_not(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    person.answer("/secret/key.txt", Decision.allow_once)
+    code = (f"secret = open({str(roots / 'secret' / 'key.txt')!r}).read()\n"
+            f"guide = open({str(roots / 'docs' / 'guide.md')!r}).read()")
+    result = gated.run_python(sid, code, outputs=["secret", "guide"])
+    assert result.variables == {"secret": "the secret\n", "guide": "# guide\n"}, result.stderr
+    assert [r.path for r in person.asked] == ["/secret/key.txt"]
+    person.answer("/secret/key.txt", Decision.deny)
+    denied = gated.run_python(sid, f"open({str(roots / 'secret' / 'key.txt')!r}).read()")
+    assert denied.exit_code == 1 and "read of '/secret/key.txt' was not approved" in denied.stderr
+
+
+def test_always_covers_later_runs_and_append_keeps_the_old_content(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    path = str(roots / "data" / "log.txt")
+    person.answer("/data/log.txt", Decision.allow_session)
+    assert gated.run_python(sid, f"open({path!r}, 'w').write('one\\n')").exit_code == 0
+    again = gated.run_python(sid, f"with open({path!r}, 'a') as f: f.write('two\\n')")
+    assert again.exit_code == 0, again.stderr
+    assert Path(path).read_text() == "one\ntwo\n"
+    assert len(person.asked) == 1  # the second came under the session grant
+
+
+def test_refusals_name_the_virtual_path_and_what_is_allowed(gated, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    result = gated.run_python(sid, f"""
+for path, mode in [({str(roots / 'docs' / 'new.md')!r}, 'w'), ('/usr/evil', 'w')]:
+    try:
+        open(path, mode)
+    except PermissionError as exc:
+        print(exc)
+""")
+    lines = result.stdout.splitlines()
+    assert "write to /docs/new.md denied by the sandbox policy: /docs is read-only" in lines[0]
+    assert "writable: /data" in lines[0]
+    assert "write to /usr/evil denied by the sandbox policy" in lines[1]
+
+
+def test_approvals_cannot_open_more_than_the_policy_gates(gated, person, roots, tmp_path) -> None:
+    """The kernel's rules stay the ceiling: a forged open for a path outside the gated roots,
+    a symlink planted in a gated root, and going around the hooks all fail."""
+    os.symlink("/etc/shadow", roots / "secret" / "link.txt")
+    person.answer("/secret/link.txt", Decision.allow_once)
+    sid = gated.create_sandbox(_policy(roots))
+    result = gated.run_python(sid, f"""
+import ctypes, io, os
+from sandbox_kernel_ext.runner import inside
+out = {{}}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "opened"
+    except OSError as exc:
+        out[name] = str(exc)
+attempt("forged", lambda: inside._ask_open("/etc/shadow", os.O_RDONLY))
+attempt("forged write", lambda: inside._ask_open("/usr/bin/evil", os.O_WRONLY | os.O_CREAT))
+attempt("symlink", lambda: open({str(roots / 'secret' / 'link.txt')!r}).read())
+attempt("fileio", lambda: io.FileIO({str(roots / 'data' / 'a.txt')!r}, "w"))
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.open({str(roots / 'data' / 'b.txt')!r}.encode(), os.O_WRONLY | os.O_CREAT, 0o644)
+out["ctypes"] = "opened" if fd >= 0 else os.strerror(ctypes.get_errno())
+""", outputs=["out"])
+    out = result.variables["out"]
+    assert "opened" not in out.values(), out
+    assert "not an approval-gated path" in out["forged"]
+    assert "needs approval" in out["fileio"]
+    assert out["ctypes"] == "Permission denied"  # Landlock, below every hook
+    assert os.listdir(roots / "data") == []
+
+
+@pytest.mark.parametrize("frame, reason", [
+    ('{"type": "reply", "id": 1, "ok": true}', "unknown frame type 'reply'"),
+    ('{"type": "commit", "id": 1, "handle": "00ff"}', "never gave out"),
+    ('{"type": "usage", "tokens": -5, "cost": 0}', "a usage report needs"),
+    ('{"type": "open", "id": 0, "path": "/x", "flags": 0}', "not larger than the last"),
+    ('{"type": "variables", "values": {}}\\n{"type": "variables", "values": {}}', "sent twice"),
+    ('{"type": "open", "id": 1, "path": "' + "x" * 70000 + '", "flags": 0}', "over 65536 bytes"),
+])
+def test_forged_frames_end_the_run_with_a_reason(gated, roots, frame, reason) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    code = f"import os, time\nos.write(3, b'{frame}\\n')\ntime.sleep(60)"
+    result = gated.run_python(sid, code, timeout=120)
+    assert result.exit_code == -1
+    assert "broke its control protocol" in (result.killed or "") and reason in result.killed
+    assert gated.status(sid).value == "stopped"
+
+
+def test_a_replayed_request_id_ends_the_run(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    person.answer("/secret/key.txt", Decision.allow_once)
+    code = f"""
+import time
+from sandbox_kernel_ext.runner import inside
+open({str(roots / 'secret' / 'key.txt')!r}).close()
+inside._channel._next_id = 0  # the next request reuses id 1
+open({str(roots / 'secret' / 'key.txt')!r})
+time.sleep(60)
+"""
+    result = gated.run_python(sid, code, timeout=120)
+    assert "request id 1 is not larger than the last one" in (result.killed or ""), result.stderr
+
+
+def test_a_timed_out_approval_denies_and_leaves_nothing(roots) -> None:
+    person = Person()
+    with SandboxManager(broker=ApprovalBroker(person, timeout=0.5)) as manager:
+        sid = manager.create_sandbox(_policy(roots))
+        path = str(roots / "data" / "t.txt")
+        result = manager.run_python(sid, f"with open({path!r}, 'w') as f:\n    f.write('x')")
+        # A file left to the garbage collector cannot raise; the reason is still printed.
+        dropped = manager.run_python(sid, f"open({path!r}, 'w').write('x')")
+    assert result.exit_code == 1 and "nobody answered in time" in result.stderr
+    assert dropped.exit_code == 0 and "t.txt was not written" in dropped.stderr
+    assert os.listdir(roots / "data") == []
+
+
+def test_waiting_for_a_person_does_not_count_against_the_timeout(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    code = f"open({str(roots / 'data' / 'slow.txt')!r}, 'w').write('x')\nprint('done')"
+    thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=1.0))
+    person.wait_for_question("/data/slow.txt")
+    time.sleep(2.0)  # longer than the run's whole timeout
+    person.answer("/data/slow.txt", Decision.allow_once)
+    thread.join()
+    assert box[0].killed is None and box[0].stdout == "done\n", box[0].stderr
+    assert box[0].resource_usage["elapsed_seconds"] < box[0].resource_usage["wall_seconds"]
+
+
+def test_a_kill_while_an_approval_is_pending_leaves_nothing(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    code = f"with open({str(roots / 'data' / 'k.txt')!r}, 'w') as f:\n    f.write('partial')"
+    thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=60))
+    person.wait_for_question("/data/k.txt")
+    gated.kill(sid, "stopped by the test")
+    thread.join()
+    assert box[0].killed == "stopped by the test"
+    person.answer("/data/k.txt", Decision.allow_once)  # too late: must write nothing
+    _wait_for_control_threads()
+    assert os.listdir(roots / "data") == []
+    assert _sandbox_processes() == []
+
+
+def test_an_interrupted_parent_leaves_no_process_and_no_file(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        person.wait_for_question("/data/i.txt")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    helper = threading.Thread(target=interrupt)
+    helper.start()
+    with pytest.raises(KeyboardInterrupt):
+        gated.run_python(sid, f"open({str(roots / 'data' / 'i.txt')!r}, 'w').write('x')", timeout=60)
+    helper.join()
+    person.answer("/data/i.txt", Decision.allow_once)  # too late: must write nothing
+    _wait_for_control_threads()
+    assert _sandbox_processes() == []
+    assert os.listdir(roots / "data") == []
+    assert gated.status(sid).value == "stopped"
+
+
+def test_usage_reports_count_and_a_budget_breach_kills(gated, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots, max_tokens=1000, max_cost_usd=0.5))
+    ok = gated.run_python(sid, """
+import sandbox_kernel_ext
+sandbox_kernel_ext.report_usage(tokens=300, cost=0.01)
+sandbox_kernel_ext.report_usage(tokens=200)
+try:
+    sandbox_kernel_ext.report_usage(tokens=-1)
+except ValueError as exc:
+    print(exc)
+""")
+    assert ok.exit_code == 0 and "tokens must be a whole number" in ok.stdout
+    assert ok.resource_usage["tokens_used"] == 500 and ok.resource_usage["cost_usd"] == 0.01
+    over = gated.run_python(sid, """
+import sandbox_kernel_ext, time
+sandbox_kernel_ext.report_usage(tokens=5000)
+time.sleep(60)
+""", timeout=120)
+    assert over.exit_code == -1 and "token" in (over.killed or "").lower()
+    cost = gated.run_python(sid, """
+from sandbox_kernel_ext import report_usage
+import time
+report_usage(cost=2.0)
+time.sleep(60)
+""", timeout=120)
+    assert "cost limit exceeded" in (cost.killed or "").lower()

@@ -1,0 +1,225 @@
+"""Egress from a real confined child: its one way out is the kernel's proxy.
+
+Servers are started here on loopback; test names reach them only through the proxy's
+resolver hook (a SandboxManager argument no policy file can set).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        body = f"hello {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def web() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """Test names all live on this machine's loopback."""
+    return ["127.0.0.1"] if host.endswith(".test") else []
+
+
+@pytest.fixture(scope="module")
+def net_manager() -> Iterator[SandboxManager]:
+    with SandboxManager(egress_resolver=_resolve) as manager:
+        yield manager
+
+
+def _policy(port: int, **extra: object) -> CapabilityDeclaration:
+    rules = [
+        {"domain": "allowed.test", "ports": [port], "private_networks": ["127.0.0.1/32"]},
+        {"domain": "*.wild.test", "ports": [port], "private_networks": ["127.0.0.0/8"]},
+        {"domain": "public.test", "ports": [port]},  # its address is private: refused
+    ]
+    rules += extra.pop("rules", [])  # type: ignore[arg-type]
+    return CapabilityDeclaration.model_validate({"network_egress_rules": rules, **extra})
+
+
+def _run(manager: SandboxManager, sid: str, code: str) -> dict:
+    result = manager.run_python(sid, code, outputs=["out"], timeout=60)
+    assert result.exit_code == 0, result.stderr
+    return result.variables["out"] | {"_usage": result.resource_usage}
+
+
+FETCH = """
+import urllib.request, urllib.error
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            return [response.status, response.read().decode()]
+    except urllib.error.HTTPError as exc:
+        return [exc.code, exc.reason, exc.read().decode()]
+    except OSError as exc:
+        return ["error", str(exc)]
+"""
+
+
+def test_allowed_domain_answers_and_others_get_a_403_with_the_reason(net_manager, web) -> None:
+    sid = net_manager.create_sandbox(_policy(web))
+    out = _run(net_manager, sid, FETCH + f"""
+import os
+out = {{"proxy": os.environ["HTTP_PROXY"], "https": os.environ["https_proxy"],
+        "ok": fetch("http://allowed.test:{web}/a"), "wild": fetch("http://api.wild.test:{web}/w"),
+        "denied": fetch("http://evil.example:{web}/"),
+        "apex": fetch("http://wild.test:{web}/")}}
+""")
+    assert out["proxy"] == out["https"] == "http://127.0.0.1:3128"
+    assert out["ok"] == [200, "hello /a"]
+    assert out["wild"] == [200, "hello /w"]
+    status, reason, body = out["denied"]
+    assert status == 403 and "evil.example is not in the allowlist" in reason
+    assert "allowed.test" in body
+    assert out["apex"][0] == 403  # *.wild.test is not wild.test itself
+    usage = out["_usage"]
+    assert (usage["egress_allowed"], usage["egress_denied"]) == (2, 2)
+    log = net_manager.egress_log(sid)
+    assert [(entry["host"], entry["allowed"]) for entry in log] == [
+        ("allowed.test", True), ("api.wild.test", True), ("evil.example", False), ("wild.test", False)
+    ]
+    assert all(entry["sandbox_id"] == sid for entry in log)
+
+
+def test_public_name_resolving_to_a_private_address_is_refused(net_manager, web) -> None:
+    sid = net_manager.create_sandbox(_policy(web))
+    out = _run(net_manager, sid, FETCH + f'out = {{"r": fetch("http://public.test:{web}/")}}')
+    status, reason, _ = out["r"]
+    assert status == 403 and "127.0.0.1" in reason and "private_networks" in reason
+
+
+def test_rate_limit_trips_at_the_configured_count(net_manager, web) -> None:
+    rule = {"domain": "limited.test", "ports": [web], "private_networks": ["127.0.0.1/32"],
+            "rate_limit_per_min": 3}
+    sid = net_manager.create_sandbox(_policy(web, rules=[rule]))
+    out = _run(net_manager, sid, FETCH + f"""
+out = {{"codes": [fetch("http://limited.test:{web}/")[0] for _ in range(5)]}}
+""")
+    assert out["codes"] == [200, 200, 200, 429, 429]
+    assert out["_usage"]["egress_rate_limited"] == 2
+    # The window belongs to the sandbox, not to the run: a new run is still limited.
+    again = _run(net_manager, sid, FETCH + f'out = {{"r": fetch("http://limited.test:{web}/")}}')
+    assert again["r"][0] == 429
+
+
+CONNECT = """
+import socket
+def connect(target, then=b""):
+    with socket.create_connection(("127.0.0.1", 3128), timeout=20) as s:
+        s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode() + then)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data.decode(errors="replace")
+"""
+
+
+def test_connect_tunnels_to_an_allowed_port_and_refuses_a_denied_one(net_manager, web) -> None:
+    sid = net_manager.create_sandbox(_policy(web))
+    request = f"GET /tunnel HTTP/1.0\\r\\nHost: allowed.test\\r\\n\\r\\n"
+    out = _run(net_manager, sid, CONNECT + f"""
+out = {{"ok": connect("allowed.test:{web}", b"{request}"), "port": connect("allowed.test:22")}}
+""")
+    assert out["ok"].startswith("HTTP/1.1 200") and out["ok"].endswith("hello /tunnel")
+    assert out["port"].startswith("HTTP/1.1 403") and "port 22 not allowed" in out["port"]
+
+
+def test_the_child_reaches_nothing_but_the_proxy(net_manager, web) -> None:
+    sid = net_manager.create_sandbox(_policy(web))
+    out = _run(net_manager, sid, f"""
+import socket
+out = {{}}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "reached"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+attempt("direct tcp", lambda: socket.create_connection(("127.0.0.1", {web}), timeout=5))
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+attempt("dns", lambda: socket.getaddrinfo("allowed.test", {web}))
+attempt("public ip", lambda: socket.create_connection(("1.1.1.1", 80), timeout=5))
+attempt("bind", lambda: socket.socket().bind(("127.0.0.1", 8080)))
+""")
+    del out["_usage"]
+    assert "reached" not in out.values(), out
+
+
+def test_no_rules_means_no_listener_and_no_proxy_variables(net_manager) -> None:
+    sid = net_manager.create_sandbox(CapabilityDeclaration())
+    result = net_manager.run_python(sid, """
+import os, socket
+names = sorted(n for n in os.environ if "proxy" in n.lower())
+try:
+    socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    reach = "reached"
+except OSError as exc:
+    reach = type(exc).__name__
+""", outputs=["names", "reach"], env={"HTTP_PROXY": "http://10.0.0.1:8080"})
+    assert result.variables == {"names": [], "reach": "OSError"}  # EAFNOSUPPORT: no inet at all
+
+
+def test_a_caller_cannot_point_the_child_at_another_proxy(net_manager, web) -> None:
+    sid = net_manager.create_sandbox(_policy(web))
+    result = net_manager.run_python(
+        sid, "import os\nvalue = os.environ['HTTPS_PROXY']\nno = os.environ.get('NO_PROXY')",
+        outputs=["value", "no"], env={"HTTPS_PROXY": "http://10.0.0.1:1", "NO_PROXY": "*"},
+    )
+    assert result.variables == {"value": "http://127.0.0.1:3128", "no": None}
+
+
+def test_egress_log_entries_are_json_ready(net_manager, web) -> None:
+    sid = net_manager.create_sandbox(_policy(web))
+    _run(net_manager, sid, FETCH + f'out = {{"r": fetch("http://allowed.test:{web}/")}}')
+    entry = net_manager.egress_log(sid)[-1]
+    assert json.loads(json.dumps(entry))["address"] == "127.0.0.1"
+    assert {"time", "method", "host", "port", "allowed", "reason"} <= set(entry)
+
+
+def test_destroy_stops_the_proxy_and_leaves_no_descriptor(web) -> None:
+    before_threads = {t.name for t in threading.enumerate()}
+    manager = SandboxManager(egress_resolver=_resolve)
+    try:
+        sid = manager.create_sandbox(_policy(web))
+        manager.run_python(sid, FETCH + f'fetch("http://allowed.test:{web}/")')
+        fds = len(__import__("os").listdir("/proc/self/fd"))
+        manager.run_python(sid, FETCH + f'fetch("http://allowed.test:{web}/")')
+        assert len(__import__("os").listdir("/proc/self/fd")) == fds  # nothing per run
+        manager.destroy(sid)
+    finally:
+        manager.close()
+    leftover = {t.name for t in threading.enumerate()} - before_threads
+    assert not any("egress" in name for name in leftover), leftover
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", 3128), timeout=2)  # never on the host
