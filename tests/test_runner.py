@@ -366,6 +366,18 @@ r = m.run_python(sid, left, timeout=20)
 print("orphan run:", r.exit_code, r.stdout.strip(), round(time.monotonic() - start) < 15)
 r = m.run_python(sid, "open('/etc/shadow')")
 print("shadow:", "PermissionError" in r.stderr)
+net = CapabilityDeclaration.model_validate({"network_egress_rules": [{"domain": "example.com"}]})
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    nid = m.create_sandbox(net)
+print("net warned:", any("gets no network at all" in str(w.message) for w in caught))
+r = m.run_python(nid, "import socket\\ntry:\\n    socket.socket()\\n    print('socket made')\\nexcept OSError as e:\\n    print('no socket', e.errno)")
+print("net run:", r.stdout.strip(), "no network" in r.stderr)
+try:
+    m.create_sandbox(net.model_copy(update={"strict": True}))
+    print("strict: allowed")
+except Exception as exc:
+    print("strict:", type(exc).__name__, "network namespace" in str(exc))
 m.close()
 """
 
@@ -381,4 +393,7 @@ def test_without_user_namespaces_the_runner_warns_and_leaves_nothing(shared_dir:
     assert done.returncode == 0, done.stderr
     assert "warned: True" in done.stdout and "namespaces (user namespaces are refused" in done.stdout
     assert "orphan run: 0 done True" in done.stdout and "shadow: True" in done.stdout
+    # Egress rules cannot be enforced without a network namespace: no network, said plainly.
+    assert "net warned: True" in done.stdout and "net run: no socket 97 True" in done.stdout
+    assert "strict: SandboxError True" in done.stdout
     assert _no_sandbox_processes()
