@@ -17,6 +17,7 @@ import os
 import pickle
 import sys
 import traceback
+import types
 from typing import Any
 
 from . import inside
@@ -84,7 +85,11 @@ def run_cell(plan: ChildPlan) -> int:
     inside.install(CONTROL_FD, payload.get("policy") or {})
     code_text: str = payload["code"]
     sys.argv = [CELL_FILENAME]
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    # A real __main__ module, so functions defined in the cell pickle (multiprocessing).
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    namespace: dict[str, Any] = main.__dict__
     namespace.update(payload.get("inputs") or {})
     linecache.cache[CELL_FILENAME] = (len(code_text), None, code_text.splitlines(True), CELL_FILENAME)
     exit_code = 0

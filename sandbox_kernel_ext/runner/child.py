@@ -36,6 +36,9 @@ CLONE_NEWNET = 0x40000000
 NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 PR_SET_DUMPABLE = 4
+# A private /dev/shm per child (multiprocessing's semaphores live there); the host's is shared
+# by every process on the machine, so it is never granted.
+SHM_SIZE_MB = 64
 PR_CAPBSET_DROP = 24
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
@@ -92,9 +95,10 @@ def unshare(flags: int) -> None:
     _call("unshare", ctypes.c_int(flags))
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
     enc = (lambda s: None if s is None else s.encode())
-    _call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None)
+    _call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
 
 
 def drop_capabilities() -> None:
@@ -164,9 +168,13 @@ def prepare_rules(plan: ChildPlan) -> landlock.LandlockRuleset | None:
 # One filter per kind of child; each program is assembled once, so a fork only loads it. A
 # child with egress rules may open TCP sockets (its namespace has only loopback, and Landlock
 # lets it connect to the proxy's port alone); UDP, raw and unix sockets stay refused.
-SYSCALL_FILTER = seccomp.SeccompFilter(allow_socket_families=()) if seccomp.supported_arch() else None
+SYSCALL_FILTER = (
+    seccomp.SeccompFilter(allow_socket_families=(), allow_unix_pairs=True)
+    if seccomp.supported_arch() else None
+)
 EGRESS_SYSCALL_FILTER = (
-    seccomp.SeccompFilter(allow_socket_families=(socket.AF_INET, socket.AF_INET6), inet_tcp_only=True)
+    seccomp.SeccompFilter(allow_socket_families=(socket.AF_INET, socket.AF_INET6),
+                          inet_tcp_only=True, allow_unix_pairs=True)
     if seccomp.supported_arch() else None
 )
 SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914
@@ -297,11 +305,15 @@ def _confine_and_run(
     plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
     *, drop_root: bool,
 ) -> None:
+    private_shm = False
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              f"size={SHM_SIZE_MB}m,mode=1777")
+        private_shm = True
     except OSError:
-        pass  # the host's /proc stays; the isolation report says so
+        pass  # the host's /proc stays (the isolation report says so), and no /dev/shm
     if drop_root and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
@@ -313,6 +325,8 @@ def _confine_and_run(
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.
         rules.allow_read("/proc")
+        if private_shm:
+            rules.allow_write("/dev/shm")
         rules.build()
         ruleset_fd = rules.fileno()
     status_w = _install_fds(fds, status_w, ruleset_fd)

@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..policy.egress import EgressDecision, EgressFilter, MalformedTargetError, parse_authority
 from ..policy.models import NetworkEgressRule
@@ -49,7 +49,8 @@ CLOSE_JOIN_TIMEOUT = 30.0
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _REQUEST_LINE = re.compile(rf"({_TOKEN}) ([\x21-\x7e]+) (HTTP/1\.[01])\Z")
 _HEADER = re.compile(rf"({_TOKEN}):[ \t]*([^\x00\r\n]*?)[ \t]*\Z")
-_HOP_BY_HOP = {"connection", "keep-alive", "te", "trailer", "upgrade", "host"}
+# Headers never forwarded as sent (hop-by-hop ones, and Host, rebuilt from the URL).
+_NOT_FORWARDED = {"connection", "keep-alive", "te", "trailer", "upgrade", "host"}
 _DIGITS = re.compile(r"[0-9]+")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _ADDRESS_CLASSES = (
@@ -60,8 +61,10 @@ _ADDRESS_CLASSES = (
     ("private", "is_private"),
     ("reserved", "is_reserved"),
 )
+# The proxy's own errors say what they are before the reason; refusals (403, 429) and
+# upstream failures (502) carry the bare reason, as a client shows it to the user.
 _STATUS_TEXT = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-                502: "Bad Gateway", 503: "Service Unavailable"}  # fmt: skip
+                503: "Service Unavailable"}  # fmt: skip
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], list[str]]
@@ -83,13 +86,14 @@ class _Refusal(Exception):
 
 @dataclass
 class _Request:
-    method: str = ""
+    """What is known of one request so far (a refusal logs whatever was parsed)."""
+
+    method: str = ""  # stays "" when no complete request arrived
     host: str | None = None
     port: int | None = None
     address: str | None = None  # the address connected to, or the one refused
     head: bytes = b""  # what goes to the upstream first (plain HTTP only)
     rest: bytes = b""  # bytes the client sent after its head
-    headers: list[tuple[str, str]] = field(default_factory=list)
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -112,17 +116,18 @@ def address_refusal(ip: IPAddress) -> str | None:
     """Why a connection to `ip` needs a rule that names it ("loopback", ...), or None.
 
     An IPv4-mapped or NAT64 address is judged by the IPv4 address inside it (the IPv6
-    block around it counts as reserved); a 6to4 address by itself and its IPv4 address.
+    block around it counts as reserved); a 6to4 address by its IPv4 address and itself.
     """
     embedded = _embedded_ipv4(ip)
     candidates: list[IPAddress] = [embedded] if embedded is not None else [ip]
     if isinstance(ip, ipaddress.IPv6Address) and ip.sixtofour is not None:
-        candidates.append(ip.sixtofour)
+        candidates.insert(0, ip.sixtofour)
     for candidate in candidates:
-        inside = "" if candidate is ip else f" (it carries {candidate})"
+        inside = "" if candidate is ip else f", as IPv4 {candidate}"
         for label, attribute in _ADDRESS_CLASSES:
             if getattr(candidate, attribute):
-                return f"a {label} address{inside}"
+                article = "an" if label[0] in "aeiou" else "a"
+                return f"{article} {label} address{inside}"
         if not candidate.is_global:
             return f"not a globally routable address{inside}"
     return None
@@ -204,8 +209,12 @@ class EgressProxy:
     def serve(self, listener: socket.socket) -> None:
         """Accept connections on `listener` (a listening TCP socket) from a background
         thread. The proxy owns it from now on and closes it in `close()`."""
-        if listener.type != socket.SOCK_STREAM:
-            raise ValueError("the egress proxy needs a listening TCP socket")
+        if (
+            listener.family not in (socket.AF_INET, socket.AF_INET6)
+            or listener.type != socket.SOCK_STREAM
+            or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        ):
+            raise ValueError(f"the egress proxy needs a listening TCP socket, not {listener!r}")
         with self._lock:
             if self._closed:
                 listener.close()
@@ -227,8 +236,9 @@ class EgressProxy:
         connections already accepted carry on. Idempotent."""
         with self._lock:
             thread = self._acceptors.get(listener)
-        if thread is not None:  # else already stopped
-            _shutdown(listener)
+            if thread is not None:  # else already stopped (its thread closes it)
+                _shutdown(listener)
+        if thread is not None:
             thread.join()
 
     def close(self) -> None:
@@ -236,14 +246,16 @@ class EgressProxy:
         with self._lock:
             already = self._closed
             self._closed = True
-            sockets = list(self._sockets) + list(self._acceptors)
             wake = self._wake
+            if not already:
+                if wake is not None:
+                    os.write(wake[1], b"x")
+                # Under the lock: a socket still in these sets has not been closed (its
+                # owner takes it out first), so its descriptor cannot have been reused.
+                for sock in [*self._sockets, *self._acceptors]:
+                    _shutdown(sock)
         if already:
             return
-        if wake is not None:
-            os.write(wake[1], b"x")
-        for sock in sockets:
-            _shutdown(sock)
         deadline = time.monotonic() + CLOSE_JOIN_TIMEOUT
         with self._lock:
             acceptors = list(self._acceptors.values())
@@ -292,11 +304,12 @@ class EgressProxy:
                 self._start_worker(client)
         finally:
             with self._lock:
-                self._acceptors.pop(listener, None)
+                del self._acceptors[listener]
             listener.close()
 
     def _start_worker(self, client: socket.socket) -> None:
         client.setblocking(False)
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
             if self._closed:
                 client.close()
@@ -308,16 +321,20 @@ class EgressProxy:
                     target=self._serve_client, args=(client,), name="egress-conn", daemon=True
                 )
                 self._workers.add(thread)
+                thread.start()  # under the lock, so close() never joins an unstarted thread
         if busy:
-            reason = f"too many connections through the egress proxy (at most {self._max_connections})"
+            reason = (
+                f"too many connections through the egress proxy (at most {self._max_connections})"
+            )
             self._record("", None, None, None, 503, reason)
             try:
                 client.send(_reply(503, reason), socket.MSG_DONTWAIT)
+                client.shutdown(socket.SHUT_WR)
+                while client.recv(65536, socket.MSG_DONTWAIT):  # what has arrived: no reset
+                    pass
             except OSError:
                 pass
             client.close()
-            return
-        thread.start()
 
     # ------------------------------------------------------------------ one connection
     def _serve_client(self, client: socket.socket) -> None:
@@ -325,9 +342,10 @@ class EgressProxy:
         request = _Request()
         try:
             try:
-                request = self._read_request(client)
-                if request.method == "":  # closed or silent before a full head: no request
+                received = self._read_head(client)
+                if received is None:  # closed or silent before a full head: no request
                     return
+                _parse_head(*received, request)
                 upstream = self._open_upstream(request)
             except _Refusal as refusal:
                 self._refuse(client, request, refusal)
@@ -354,8 +372,9 @@ class EgressProxy:
             with self._lock:
                 self._workers.discard(threading.current_thread())
 
-    def _read_request(self, client: socket.socket) -> _Request:
-        """Read and parse the request head; `method == ""` when there was no request."""
+    def _read_head(self, client: socket.socket) -> tuple[bytes, bytes] | None:
+        """The request head and the bytes after it, or None if the client sent nothing
+        before closing or going silent, or closed mid-head."""
         buffer = bytearray()
         deadline = time.monotonic() + self._head_timeout
         line_checked = False
@@ -368,18 +387,18 @@ class EgressProxy:
                 line_checked = _check_request_start(buffer)
             if not self._wait(client, select.POLLIN, deadline):
                 if not buffer:
-                    return _Request()
+                    return None
                 raise _Refusal(408, f"request head not complete within {self._head_timeout:g} s")
             try:
                 chunk = client.recv(MAX_HEAD_BYTES + 4 - len(buffer))
             except (BlockingIOError, InterruptedError):
                 continue
             if not chunk:
-                return _Request()
+                return None
             buffer += chunk
         if end > MAX_HEAD_BYTES:
             raise _Refusal(431, f"request head larger than {MAX_HEAD_BYTES // 1024} KiB")
-        return _parse_head(bytes(buffer[:end]), bytes(buffer[end + 4 :]))
+        return bytes(buffer[:end]), bytes(buffer[end + 4 :])
 
     def _open_upstream(self, request: _Request) -> socket.socket:
         """Decide, resolve, check the addresses and connect: the upstream socket."""
@@ -399,13 +418,13 @@ class EgressProxy:
             if why is None or _rule_names(decision.rule, ip):
                 permitted.append(text)
             else:
-                refusals.append(f"{text} is {why}")
+                refusals.append(f"{text} ({why})")
         if not permitted:
             request.address = addresses[0][0]
             raise _Refusal(
                 403,
-                f"{_shown(request.host, None)} resolves to {'; '.join(refusals)}; a rule must "
-                "name it in private_networks to allow it",
+                f"{request.host} resolves to {', '.join(refusals)}; to allow that, name it in "
+                "the rule's private_networks",
             )
         failures: list[str] = []
         for text in permitted:
@@ -430,7 +449,7 @@ class EgressProxy:
             pass
         try:
             texts = self._resolver(host, port)
-        except (OSError, UnicodeError) as exc:
+        except Exception as exc:  # gaierror, or anything a resolver hook raises
             raise _Refusal(502, f"cannot resolve {host}: {exc}") from None
         addresses = []
         for text in texts:
@@ -673,30 +692,31 @@ def _parse_request_line(line: str) -> tuple[str, str, str]:
     return match.group(1), match.group(2), match.group(3)
 
 
-def _parse_head(head: bytes, rest: bytes) -> _Request:
+def _parse_head(head: bytes, rest: bytes, request: _Request) -> None:
+    """Fill `request` from a head (without its blank line); _Refusal(400) if malformed."""
     lines = head.decode("latin-1").split("\r\n")
     method, target, version = _parse_request_line(lines[0])
+    request.method, request.rest = method, rest
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         match = _HEADER.match(line)
         if not match:
             raise _Refusal(400, f"malformed header line {line[:100]!r}")
         headers.append((match.group(1), match.group(2)))
-    request = _Request(method=method.upper(), rest=rest, headers=headers)
-    names = [name.lower() for name, _ in headers]
-    lengths = {value.strip() for name, value in headers if name.lower() == "content-length"}
+    names = {name.lower() for name, _ in headers}
+    lengths = {value for name, value in headers if name.lower() == "content-length"}
     if "transfer-encoding" in names and lengths:
         raise _Refusal(400, "both Transfer-Encoding and Content-Length")
     if len(lengths) > 1 or any(not _DIGITS.fullmatch(value) for value in lengths):
         raise _Refusal(400, "malformed or conflicting Content-Length")
     try:
-        if request.method == "CONNECT":
+        if method == "CONNECT":
             if "@" in target or "/" in target:
-                raise MalformedTargetError(f"expected host:port, got {target[:100]!r}")
+                raise MalformedTargetError("expected host:port")
             request.host, request.port = parse_authority(target)
             if request.port is None:
-                raise MalformedTargetError(f"CONNECT target {target[:100]!r} has no port")
-            return request
+                raise MalformedTargetError("no port")
+            return
         scheme, sep, remainder = target.partition("://")
         if not sep or scheme.lower() != "http":
             hint = " (use CONNECT for https)" if scheme.lower() == "https" else ""
@@ -707,25 +727,34 @@ def _parse_head(head: bytes, rest: bytes) -> _Request:
         request.port = 80 if port is None else port
     except MalformedTargetError as exc:
         raise _Refusal(400, f"malformed target {target[:100]!r}: {exc}") from None
-    origin = path if path.startswith("/") else "/" + path
+    request.head = _upstream_head(method, path, version, request.host, request.port, headers)
+
+
+def _upstream_head(
+    method: str, path: str, version: str, host: str, port: int, headers: list[tuple[str, str]]
+) -> bytes:
+    """The request as the origin server gets it: origin-form target, Host from the URL
+    (a client's own Host header could name another site on the same server), no
+    hop-by-hop or Proxy-* headers, and one request per connection."""
     connection_tokens = {
         token.strip().lower()
         for name, value in headers
         if name.lower() == "connection"
         for token in value.split(",")
     }
-    drop = _HOP_BY_HOP | connection_tokens
-    shown_host = f"[{request.host}]" if ":" in request.host else request.host
-    host_header = shown_host if request.port == 80 else f"{shown_host}:{request.port}"
-    out = [f"{request.method} {origin} {version}", f"Host: {host_header}"]
-    out += [
+    drop = _NOT_FORWARDED | connection_tokens
+    shown = f"[{host}]" if ":" in host else host
+    lines = [
+        f"{method} {path if path.startswith('/') else '/' + path} {version}",
+        f"Host: {shown if port == 80 else f'{shown}:{port}'}",
+    ]
+    lines += [
         f"{name}: {value}"
         for name, value in headers
         if name.lower() not in drop and not name.lower().startswith("proxy-")
     ]
-    out.append("Connection: close")
-    request.head = ("\r\n".join(out) + "\r\n\r\n").encode("latin-1")
-    return request
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def _reply(status: int, reason: str, retry_after: float | None = None) -> bytes:

@@ -240,6 +240,9 @@ class SeccompFilter:
     ``inet_tcp_only``: AF_INET/AF_INET6 sockets must be plain TCP (SOCK_STREAM with protocol 0
     or IPPROTO_TCP); UDP, raw, SCTP and MPTCP get EPERM. Landlock's network rules cover only TCP,
     so this keeps every inet socket under them.
+    ``allow_unix_pairs``: let ``socketpair(AF_UNIX)`` through whatever the families: a connected
+    pair reaches no socket outside the process tree (``multiprocessing`` needs it), while
+    ``socket(AF_UNIX)`` could connect to a pathname socket such as docker.sock.
     ``arch``: the architecture to build for (default: this machine); a mismatch with the running
     kernel's kills the process at its first syscall, which is what the check is for.
     """
@@ -249,6 +252,7 @@ class SeccompFilter:
         allow_socket_families: Iterable[int] = (),
         *,
         inet_tcp_only: bool = True,
+        allow_unix_pairs: bool = False,
         arch: str | None = None,
     ) -> None:
         arch_name = arch if arch is not None else supported_arch()
@@ -260,6 +264,7 @@ class SeccompFilter:
         self.arch = ARCHES[arch_name]
         self.allow_socket_families = frozenset(int(family) for family in allow_socket_families)
         self.inet_tcp_only = inet_tcp_only
+        self.allow_unix_pairs = allow_unix_pairs
         self._program: list[tuple[int, int, int, int]] | None = None
 
     def instructions(self) -> list[tuple[int, int, int, int]]:
@@ -276,7 +281,7 @@ class SeccompFilter:
         asm.jeq(sc["clone3"], "enosys")
         asm.jeq(sc["clone"], "clone")
         asm.jeq(sc["socket"], "socket")
-        asm.jeq(sc["socketpair"], "socket")
+        asm.jeq(sc["socketpair"], "socketpair" if self.allow_unix_pairs else "socket")
         asm.jeq(sc["ioctl"], "ioctl")
         asm.ret(SECCOMP_RET_ALLOW)
 
@@ -290,6 +295,11 @@ class SeccompFilter:
         asm.label("clone")
         asm.load(_arg_low(0))  # flags is argument 0 on both x86_64 and aarch64
         asm.jset(CLONE_NAMESPACE_FLAGS, "eperm", "allow")
+
+        if self.allow_unix_pairs:
+            asm.label("socketpair")
+            asm.load(_arg_low(0))  # domain
+            asm.jeq(socket.AF_UNIX, "allow", "socket")
 
         asm.label("socket")
         asm.load(_arg_low(0))  # domain

@@ -599,21 +599,31 @@ def test_shell_redirection_outside_the_roots_fails(env: Env) -> None:
     assert w.owned_outside.read_text() == CANARY_TEXT
 
 
-def test_writing_to_dev_shm_fails(env: Env) -> None:
+def test_dev_shm_is_never_the_hosts(env: Env) -> None:
+    """/dev/shm is shared by every process on the host: a child gets a private tmpfs there
+    (multiprocessing needs one), and neither sees nor leaves anything in the host's."""
     name = f"sbx-escape-{uuid.uuid4().hex[:8]}"
-    code = """
+    planted = f"/dev/shm/{name}-host"
+    with open(planted, "w") as f:
+        f.write("host data")
+    try:
+        code = """
 def create():
     fd = os.open('/dev/shm/' + name, os.O_CREAT | os.O_RDWR, 0o600)
     os.write(fd, b'x')
 def posix_shm():
     from multiprocessing import shared_memory
     shared_memory.SharedMemory(name=name + '-mp', create=True, size=4096)
-out = [attempt(create), attempt(posix_shm)]
+def read_host():
+    open('/dev/shm/' + name + '-host').read()
+out = [attempt(create), attempt(posix_shm), attempt(read_host)]
 """
-    out = _ok_run(env.py(code, inputs={"name": name}))
-    _denied(out[0], errno.EACCES)
-    _denied(out[1], errno.EACCES)
-    assert not any(n.startswith(name) for n in os.listdir("/dev/shm"))
+        out = _ok_run(env.py(code, inputs={"name": name}))
+        assert out[0][0] == "ok" and out[1][0] == "ok", out  # the private one works
+        _denied(out[2], errno.ENOENT)  # the host's file is not there
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(name)] == [f"{name}-host"]
+    finally:
+        os.unlink(planted)
 
 
 # == secrets ========================================================================================
