@@ -41,4 +41,7 @@ quiet_pip() {  # pip's own exit status; its warnings about absent local mirrors 
 }
 quiet_pip --upgrade pip
 quiet_pip -e ".${extras:+[$extras]}"
+case ",$extras," in
+    *,test,*) bash scripts/system_deps.sh ;;  # Chromium and Node.js for the test suite
+esac
 .venv/bin/python -c "import sandbox_kernel_ext" >/dev/null

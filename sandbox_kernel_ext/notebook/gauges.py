@@ -1,0 +1,225 @@
+"""Live gauges of a sandboxed cell: CPU, memory, elapsed time, tokens and cost against limits.
+
+The monitor thread calls `GaugePanel.update` directly while the cell runs (widget values set
+from a background thread reach the frontend on ipykernel 7.4, see DESIGN.md), so the panel is
+its only writer: each update is one trait assignment, hence one comm message carrying every
+value. `freeze` turns the panel into the run's summary. The view is `js/gauges.js`; this module
+only shapes and forwards numbers, it decides nothing about the limits.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+from IPython.display import DisplayHandle, display
+
+__all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "gauge_limits", "js_asset", "summarize"]
+
+SNAPSHOT_KEYS = (
+    "cpu_seconds",
+    "cpu_percent",
+    "memory_mb",
+    "peak_memory_mb",
+    "elapsed_seconds",
+    "tokens_used",
+    "cost_usd",
+    "processes",
+)
+# A finished run's resource_usage adds these; the summary line reports them.
+_SUMMARY_KEYS = ("egress_allowed", "egress_denied")
+LIMIT_KEYS = ("memory_mb", "cpu_seconds", "timeout_seconds", "tokens", "cost_usd")
+THRESHOLDS = {"warn": 0.75, "danger": 0.9}
+
+
+def js_asset(name: str) -> Path:
+    """Path of a view module from `js/`: inside the wheel it ships as `sandbox_kernel_ext/js/`
+    (pyproject's force-include), in a source checkout it is the repository's top-level `js/`."""
+    package = Path(__file__).resolve().parent.parent
+    for folder in (package / "js", package.parent / "js"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"view module {name!r} is in neither {package / 'js'} "
+                            f"nor {package.parent / 'js'}; reinstall sandbox_kernel_ext")
+
+
+def _number(where: str, key: str, value: Any) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{where}[{key!r}] must be a number, got {value!r}")
+    return value
+
+
+def _readings(where: str, snapshot: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The known numeric keys of a snapshot; absent ones stay absent (the view shows a dash)."""
+    if not isinstance(snapshot, Mapping):
+        raise TypeError(f"{where} must be a dict, got {type(snapshot).__name__}")
+    return {k: _number(where, k, snapshot[k]) for k in keys if snapshot.get(k) is not None}
+
+
+def _limits(limits: Mapping[str, Any]) -> dict[str, float | None]:
+    if not isinstance(limits, Mapping):
+        raise TypeError(f"limits must be a dict, got {type(limits).__name__}")
+    unknown = sorted(set(limits) - set(LIMIT_KEYS))
+    if unknown:
+        raise ValueError(f"limits has unknown key(s) {unknown}; known: {list(LIMIT_KEYS)}")
+    out: dict[str, float | None] = {}
+    for key in LIMIT_KEYS:
+        value = limits.get(key)
+        if value is not None:
+            value = _number("limits", key, value)
+            if value <= 0 or math.isinf(value):
+                raise ValueError(f"limits[{key!r}] must be positive and finite or None, "
+                                 f"got {value!r}")
+        out[key] = value
+    return out
+
+
+def gauge_limits(resource_limits: Any, timeout_seconds: float | None) -> dict[str, Any]:
+    """The panel's limits from a policy's `ResourceLimits` and the run's timeout."""
+    return {
+        "memory_mb": getattr(resource_limits, "max_memory_mb", None),
+        "cpu_seconds": getattr(resource_limits, "max_cpu_seconds", None),
+        "timeout_seconds": timeout_seconds,
+        "tokens": getattr(resource_limits, "max_tokens", None),
+        "cost_usd": getattr(resource_limits, "max_cost_usd", None),
+    }
+
+
+# -- text: the same numbers the view shows, for saved notebooks and nbconvert -------------
+
+def _seconds(s: float) -> str:
+    if s < 1:
+        return f"{s:.2f} s"
+    if s < 60:
+        return f"{s:.1f} s"
+    minutes, rest = divmod(int(s), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def _megabytes(mb: float) -> str:
+    return f"{mb / 1024:.2f} GB" if mb >= 1024 else f"{mb:.{1 if mb < 10 else 0}f} MB"
+
+
+def _count(n: float) -> str:
+    return f"{round(n):,}"
+
+
+def _cost(usd: float) -> str:
+    return f"${usd:.{4 if usd < 1 else 2}f}"
+
+
+def _gauge_text(label: str, value: float | None, limit: float | None, fmt: Any, *,
+                prefix: str = "", suffix: str = "") -> str:
+    """`label [prefix]value of limit (pct)[suffix] [words]`, the words as the view's badge."""
+    text = f"{label} {prefix}{'—' if value is None else fmt(value)}"
+    words = ""
+    if limit is not None:
+        text += f" of {fmt(limit)}"
+        if value is not None:
+            ratio = max(value, 0) / limit
+            text += f" ({round(ratio * 100)}%)"
+            if ratio >= THRESHOLDS["danger"]:
+                words = " at limit" if ratio >= 1 else " near limit"
+            elif ratio >= THRESHOLDS["warn"]:
+                words = " high"
+    return text + suffix + words
+
+
+def summarize(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: str = "") -> str:
+    """One line per gauge, headed by the state of the run."""
+    r, lim = readings, limits
+    frozen = bool(outcome)
+    head = f"Sandbox {outcome}" if frozen else "Sandbox running"
+    extras = []
+    if r.get("processes") is not None:
+        extras.append(f"{_count(r['processes'])} process(es)")
+    if frozen and any(r.get(k) is not None for k in _SUMMARY_KEYS):
+        extras.append(f"egress {_count(r.get('egress_allowed') or 0)} allowed, "
+                      f"{_count(r.get('egress_denied') or 0)} denied")
+    cpu_percent = r.get("cpu_percent")
+    cpu = _gauge_text("CPU", r.get("cpu_seconds"), lim.get("cpu_seconds"), _seconds,
+                      prefix="" if cpu_percent is None else f"{round(cpu_percent)}% · ")
+    if frozen:
+        memory = _gauge_text("Memory (peak)", r.get("peak_memory_mb"), lim.get("memory_mb"),
+                             _megabytes)
+    else:
+        peak = r.get("peak_memory_mb")
+        memory = _gauge_text("Memory", r.get("memory_mb"), lim.get("memory_mb"), _megabytes,
+                             suffix="" if peak is None else f" · peak {_megabytes(peak)}")
+    lines = [
+        " · ".join([head, *extras]),
+        cpu,
+        memory,
+        _gauge_text("Elapsed", r.get("elapsed_seconds"), lim.get("timeout_seconds"), _seconds),
+        _gauge_text("Tokens", r.get("tokens_used"), lim.get("tokens"), _count),
+        _gauge_text("Cost", r.get("cost_usd"), lim.get("cost_usd"), _cost),
+    ]
+    return "\n  ".join(lines)
+
+
+class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
+    """Gauges of one sandboxed run; one writer (the monitor thread), then frozen by the caller."""
+
+    _esm = js_asset("gauges.js")
+
+    limits = traitlets.Dict().tag(sync=True)
+    readings = traitlets.Dict().tag(sync=True)
+    outcome = traitlets.Unicode("").tag(sync=True)
+    # The view colours by these; the text repr marks the same fractions (THRESHOLDS).
+    thresholds = traitlets.Dict(THRESHOLDS, read_only=True).tag(sync=True)
+
+    def __init__(self, *, limits: Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(limits=limits, **kwargs)
+        # Serialises update() (monitor thread) against freeze() (the cell's thread), so a
+        # late poll can never overwrite the summary and ipywidgets' sync state is never
+        # touched by two threads at once.
+        self._write_lock = threading.Lock()
+        self._handle: DisplayHandle | None = None
+
+    @traitlets.validate("limits")
+    def _check_limits(self, proposal: dict[str, Any]) -> dict[str, float | None]:
+        return _limits(proposal["value"])
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.outcome)
+
+    def show(self) -> None:
+        """Display the panel with a display id, so `freeze` can also refresh its saved text."""
+        self._handle = display(self, display_id=True)
+
+    def update(self, snapshot: Mapping[str, Any]) -> None:
+        """Show a monitor snapshot; safe from any thread, ignored once frozen or closed."""
+        readings = _readings("snapshot", snapshot, SNAPSHOT_KEYS)
+        with self._write_lock:
+            if self.frozen or self.comm is None or readings == self.readings:
+                return
+            self.readings = readings
+
+    def freeze(self, resource_usage: Mapping[str, Any], *, outcome: str) -> None:
+        """Turn the panel into the run's summary: final usage and how the run ended, in one
+        message; a displayed panel's text/plain is refreshed too, for the saved notebook."""
+        if not isinstance(outcome, str) or not outcome.strip():
+            raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
+        readings = _readings("resource_usage", resource_usage, SNAPSHOT_KEYS + _SUMMARY_KEYS)
+        with self._write_lock:
+            if self.comm is None:
+                return
+            with self.hold_sync():
+                self.readings = readings
+                self.outcome = outcome.strip()
+        if self._handle is not None:
+            self._handle.update(self)
+
+    def text(self) -> str:
+        """The plain-text summary shown where widgets do not render."""
+        return summarize(self.readings, self.limits, self.outcome)
+
+    def __repr__(self) -> str:
+        # anywidget's _repr_mimebundle_ uses repr() as the bundle's text/plain.
+        return self.text()

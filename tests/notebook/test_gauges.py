@@ -1,0 +1,219 @@
+"""GaugePanel in a real kernel: updates from a background thread reach the client while the
+cell is still running, one comm message per update; freeze gives the summary; text repr."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_kernel_ext.notebook.gauges import SNAPSHOT_KEYS, GaugePanel, gauge_limits
+
+# The `kernel` fixture and KernelSession come from tests/notebook/conftest.py: a real kernel
+# through jupyter_client, with the test acting as the frontend.
+
+LIMITS = {"memory_mb": 100, "cpu_seconds": 10, "timeout_seconds": 20, "tokens": 1000,
+          "cost_usd": None}
+WAIT = 60.0  # liveness bound on the cells' own waits; never a measure of speed
+
+
+def updates_for(comm_id: str, msgs: list[dict]) -> list[dict]:
+    """The state of every widget update sent on `comm_id` (whichever thread sent it)."""
+    return [m["content"]["data"]["state"] for m in msgs
+            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm_id
+            and m["content"]["data"].get("method") == "update"]
+
+
+def is_idle(msg_id: str, msg: dict) -> bool:
+    return (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+            and msg["parent_header"].get("msg_id") == msg_id)
+
+
+def show_panel(kernel: Any, name: str) -> str:
+    """Create and display a GaugePanel called `name` in the kernel; return its comm id."""
+    msg_id = kernel.run(textwrap.dedent(f"""
+        from sandbox_kernel_ext.notebook.gauges import GaugePanel
+        {name} = GaugePanel(limits={LIMITS!r})
+        {name}.show()
+        """))
+    [comm_id] = kernel.displayed_models(msg_id)
+    state = kernel.states[comm_id]
+    assert state["_model_name"] == "AnyModel"
+    assert state["limits"] == LIMITS and state["outcome"] == ""
+    assert "export default" in state["_esm"]
+    [shown] = [m["content"] for m in kernel.outputs(msg_id) if m["msg_type"] == "display_data"]
+    assert shown["data"]["text/plain"].startswith("Sandbox running")
+    assert shown["transient"]["display_id"]
+    assert not [m for m in kernel.outputs(msg_id) if m["msg_type"] == "execute_result"]
+    return comm_id
+
+
+def test_thread_updates_arrive_while_the_cell_still_runs(kernel: Any) -> None:
+    comm_id = show_panel(kernel, "panel")
+    with tempfile.TemporaryDirectory(prefix="gauge-flag-") as folder:
+        flag = Path(folder) / "release"
+        # The cell cannot end before the test has seen the updates over iopub: if they were
+        # held back until the cell finished, this test would fail on its bounded wait.
+        msg_id = kernel.execute(textwrap.dedent(f"""
+            import pathlib, threading, time
+            def feed():
+                for i in range(1, 6):
+                    panel.update({{"cpu_seconds": i / 2, "cpu_percent": 10.0 * i,
+                                   "memory_mb": 18.0 * i, "peak_memory_mb": 18.0 * i,
+                                   "elapsed_seconds": float(i), "tokens_used": 100 * i,
+                                   "cost_usd": 0.01 * i, "processes": i}})
+                    time.sleep(0.02)
+            feeder = threading.Thread(target=feed)
+            feeder.start()
+            feeder.join()
+            deadline = time.monotonic() + {WAIT}
+            while not pathlib.Path({str(flag)!r}).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("released")
+            """))
+        kernel.wait_for(lambda _m: len(updates_for(comm_id, kernel.messages)) >= 5,
+                        "five gauge updates while the cell runs")
+        assert not any(is_idle(msg_id, m) for m in kernel.messages), "the cell ended first"
+        assert kernel.text(msg_id) == ""
+        flag.touch()
+        kernel.wait_idle(msg_id)
+    assert kernel.error(msg_id) is None
+    assert kernel.text(msg_id) == "released\n"
+    states = updates_for(comm_id, kernel.messages)
+    assert [set(s) for s in states] == [{"readings"}] * 5  # one message per update, all values
+    assert [s["readings"]["memory_mb"] for s in states] == [18.0, 36.0, 54.0, 72.0, 90.0]
+    assert all(set(s["readings"]) == set(SNAPSHOT_KEYS) for s in states)
+    assert states[-1]["readings"]["tokens_used"] == 500
+
+
+def test_real_monitor_thread_drives_the_panel(kernel: Any) -> None:
+    """The writer in production: a ResourceMonitor watching a real child, subscribed."""
+    comm_id = show_panel(kernel, "watched")
+    kernel.run(textwrap.dedent(f"""
+        import subprocess, time
+        from sandbox_kernel_ext.policy.models import ResourceLimits
+        from sandbox_kernel_ext.runner.monitor import ResourceMonitor
+        child = subprocess.Popen(["sleep", "30"])
+        monitor = ResourceMonitor(ResourceLimits(max_tokens=1000), interval=0.05, timeout=20)
+        unsubscribe = monitor.subscribe(watched.update)
+        try:
+            monitor.start(child.pid)
+            monitor.record_tokens(800)
+            deadline = time.monotonic() + {WAIT}
+            while (watched.readings.get("elapsed_seconds", 0) < 0.3
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+        finally:
+            unsubscribe()
+            monitor.stop()
+            child.kill()
+            child.wait()
+        """))
+    states = updates_for(comm_id, kernel.messages)
+    assert len(states) >= 3, states
+    elapsed = [s["readings"]["elapsed_seconds"] for s in states]
+    assert elapsed == sorted(elapsed) and elapsed[-1] >= 0.3
+    assert states[-1]["readings"]["tokens_used"] == 800
+    assert any(s["readings"]["processes"] == 1 and s["readings"]["memory_mb"] > 0 for s in states)
+
+
+def test_freeze_sends_one_summary_and_ignores_later_updates(kernel: Any) -> None:
+    comm_id = show_panel(kernel, "done")
+    usage = {"cpu_seconds": 1.5, "cpu_percent": 0.0, "memory_mb": 0.0, "peak_memory_mb": 91.0,
+             "elapsed_seconds": 20.4, "tokens_used": 10, "cost_usd": 0.002, "processes": 0,
+             "egress_allowed": 3, "egress_denied": 1}
+    before = len(kernel.messages)
+    msg_id = kernel.run(f"done.freeze({usage!r}, outcome='killed: timeout after 20 s')")
+    states = updates_for(comm_id, kernel.messages[before:])
+    assert len(states) == 1 and set(states[0]) == {"readings", "outcome"}, states
+    assert states[0]["outcome"] == "killed: timeout after 20 s"
+    assert states[0]["readings"] == usage
+    [refreshed] = [m["content"] for m in kernel.outputs(msg_id)
+                   if m["msg_type"] == "update_display_data"]
+    text = refreshed["data"]["text/plain"]
+    assert text.splitlines() == [
+        "Sandbox killed: timeout after 20 s · 0 process(es) · egress 3 allowed, 1 denied",
+        "  CPU 0% · 1.5 s of 10.0 s (15%)",
+        "  Memory (peak) 91 MB of 100 MB (91%) near limit",
+        "  Elapsed 20.4 s of 20.0 s (102%) at limit",
+        "  Tokens 10 of 1,000 (1%)",
+        "  Cost $0.0020",
+    ]
+    before = len(kernel.messages)
+    late = kernel.run("done.update({'memory_mb': 5.0, 'elapsed_seconds': 30.0})\n"
+                      "print(done.outcome, done.readings['elapsed_seconds'])")
+    assert updates_for(comm_id, kernel.messages[before:]) == []
+    assert kernel.text(late) == "killed: timeout after 20 s 20.4\n"
+    shown = kernel.run("done")
+    [result] = [m["content"]["data"] for m in kernel.outputs(shown)
+                if m["msg_type"] == "execute_result"]
+    assert result["text/plain"] == text
+
+
+# -- in-process: input checks and thread safety (no frontend needed) ------------------------
+
+def test_bad_limits_and_snapshots_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['memory'\]"):
+        GaugePanel(limits={"memory": 10})
+    with pytest.raises(ValueError, match=r"limits\['cpu_seconds'\] must be positive"):
+        GaugePanel(limits={"cpu_seconds": 0})
+    with pytest.raises(ValueError, match=r"limits\['tokens'\] must be a number"):
+        GaugePanel(limits={"tokens": "many"})
+    panel = GaugePanel(limits={})
+    assert panel.limits == dict.fromkeys(LIMITS)
+    with pytest.raises(ValueError, match=r"limits\['memory_mb'\] must be positive"):
+        panel.limits = {"memory_mb": -1}
+    assert panel.limits == dict.fromkeys(LIMITS)
+    with pytest.raises(ValueError, match=r"snapshot\['memory_mb'\] must be a number, got True"):
+        panel.update({"memory_mb": True})
+    with pytest.raises(ValueError, match=r"resource_usage\['cost_usd'\] must be a number"):
+        panel.freeze({"cost_usd": float("nan")}, outcome="finished")
+    with pytest.raises(ValueError, match="outcome must be a non-empty string"):
+        panel.freeze({}, outcome=" ")
+    with pytest.raises(TypeError, match="snapshot must be a dict"):
+        panel.update([1, 2])  # type: ignore[arg-type]
+    assert not panel.frozen and panel.readings == {}
+
+
+def test_concurrent_updates_never_overwrite_the_frozen_summary() -> None:
+    panel = GaugePanel(limits=LIMITS)
+    sent: list[dict[str, Any]] = []
+    panel.observe(lambda change: sent.append(change["new"]), names="readings")
+    stop = threading.Event()
+
+    def hammer(offset: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            panel.update({"elapsed_seconds": float(offset + i), "memory_mb": 1.0})
+
+    writers = [threading.Thread(target=hammer, args=(k * 10**6,)) for k in range(3)]
+    for w in writers:
+        w.start()
+    try:
+        while len(sent) < 50:
+            time.sleep(0.001)
+        panel.freeze({"elapsed_seconds": -1.0}, outcome="finished")
+    finally:
+        stop.set()
+        for w in writers:
+            w.join()
+    assert panel.readings == {"elapsed_seconds": -1.0}
+    assert sent[-1] == {"elapsed_seconds": -1.0}
+    assert panel.outcome == "finished"
+
+
+def test_gauge_limits_maps_the_policy_budgets() -> None:
+    from sandbox_kernel_ext.policy.models import ResourceLimits
+
+    limits = gauge_limits(ResourceLimits(max_memory_mb=256, max_cpu_seconds=5), 12.5)
+    assert limits == {"memory_mb": 256, "cpu_seconds": 5.0, "timeout_seconds": 12.5,
+                      "tokens": 100_000, "cost_usd": 0.10}
+    assert GaugePanel(limits=limits).limits == limits
+    assert json.loads(json.dumps(gauge_limits(ResourceLimits(), None)))["timeout_seconds"] is None
