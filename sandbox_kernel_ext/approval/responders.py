@@ -93,7 +93,7 @@ _REASONS = {
 }
 
 
-def _printable(text: str, keep: str = "") -> str:
+def printable(text: str, keep: str = "") -> str:
     """Escape control and format characters: path and summary come from untrusted code,
     and raw ANSI or bidi sequences could repaint the prompt the person is answering."""
     return "".join(
@@ -151,9 +151,9 @@ class TerminalResponder:
     def _describe(request: ApprovalRequest) -> str:
         size = "" if request.size is None else f" ({request.size:,} bytes)"
         lines = [
-            f"\nApproval needed ({_printable(request.source)}): "
-            f"{request.operation} '{_printable(request.path)}'{size}"
+            f"\nApproval needed ({printable(request.source)}): "
+            f"{request.operation} '{printable(request.path)}'{size}"
         ]
         # A fixed gutter keeps summary lines from passing as our own prompt text.
-        lines += [f"  | {line}" for line in _printable(request.summary, keep="\n\t").splitlines()]
+        lines += [f"  | {line}" for line in printable(request.summary, keep="\n\t").splitlines()]
         return "\n".join(lines) + "\n"

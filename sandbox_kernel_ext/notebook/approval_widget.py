@@ -1,0 +1,417 @@
+"""The approval widget: asks the person at the notebook, in the cell that is running.
+
+Clicks reach the kernel while that cell is still busy through a subshell the kernel owns
+(see kernel_routing), so the same responder serves a `%%sandbox` cell (the runner's
+approval thread asks while the magic waits), a plain synchronous `FileSystemToolset` call
+(the main thread itself asks and waits) and an async agent run. In async code, call the
+toolset through `await asyncio.to_thread(...)` (the PydanticAI adapter already does) so
+the wait blocks a worker thread, never the event loop.
+
+Nobody looking means nobody can answer: when the client said so (`allow_stdin` false, as
+nbclient and papermill do) or no frontend confirms it rendered the widget within
+`render_timeout`, the headless responder decides and the reason is printed in the cell.
+This module decides nothing itself: every answer is a person's click, the timeout's
+denial, or the configured headless decision.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import anywidget
+import ipywidgets as widgets
+from IPython.display import DisplayHandle, display
+
+from ..approval.request import ApprovalDecision, ApprovalRequest, Decision
+from ..approval.responders import (
+    ApprovalResponder,
+    HeadlessResponder,
+    TerminalResponder,
+    printable,
+)
+from .kernel_routing import (
+    CellParent,
+    CellTracker,
+    RoutingUnavailable,
+    SubshellRouter,
+    output_to,
+    restore_default_parent,
+)
+
+_logger = logging.getLogger(__name__)
+
+# The one message the frontend sends unasked: proof that a view exists, i.e. that someone
+# can see the buttons. It is what anywidget's `model.send` puts on the wire:
+# {"method": "custom", "content": {"event": "rendered"}} on the acknowledging widget's comm.
+RENDERED_EVENT = "rendered"
+_RENDER_ACK_ESM = """
+export default {
+  render({ model }) {
+    model.send({ event: "rendered" });
+  },
+};
+"""
+
+_OUTCOME = {
+    Decision.allow_once: "Approved once",
+    Decision.allow_session: "Approved for this session",
+    Decision.deny: "Denied",
+}
+_CLICK_REASON = {
+    Decision.allow_once: "approved once in the notebook",
+    Decision.allow_session: "approved in the notebook for the rest of this session",
+    Decision.deny: "refused in the notebook",
+}
+
+
+class RenderAck(anywidget.AnyWidget):
+    """Invisible; its view's first act is to tell the kernel that it was rendered."""
+
+    _esm = _RENDER_ACK_ESM
+
+    def __init__(self, on_rendered: Callable[[], None]) -> None:
+        super().__init__(layout=widgets.Layout(display="none"))
+        self._on_rendered = on_rendered
+        self.on_msg(self._handle_ack)
+
+    def _handle_ack(self, _widget: object, content: Any, _buffers: object) -> None:
+        if isinstance(content, dict) and content.get("event") == RENDERED_EVENT:
+            self._on_rendered()
+
+
+def _size(request: ApprovalRequest) -> str:
+    if request.size is None:
+        return ""
+    return f" ({request.size:,} byte{'' if request.size == 1 else 's'})"
+
+
+def _describe(request: ApprovalRequest) -> str:
+    return f"{request.operation} '{request.path}'{_size(request)}"
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+class ApprovalWidget(widgets.VBox):
+    """One request, its three answers and a countdown; afterwards a disabled record.
+
+    Path and summary come from untrusted code: they are escaped wherever they are shown.
+    Clicks are handled on whatever thread the kernel delivers them (the router's
+    subshell); the first one wins, later ones (or clicks after the record) are ignored.
+    """
+
+    def __init__(self, request: ApprovalRequest, timeout: float | None) -> None:
+        self.request = request
+        self.answer: Decision | None = None
+        self.timeout = timeout
+        self.rendered = threading.Event()
+        self.answered = threading.Event()
+        self.decision: ApprovalDecision | None = None
+        self._lock = threading.Lock()
+        self.approve_button = widgets.Button(
+            description="Approve once", button_style="success", icon="check",
+            tooltip="Allow this one operation",
+        )
+        self.always_button = widgets.Button(
+            description="Always for this session", button_style="warning", icon="check-double",
+            tooltip=f"Allow {request.access} access to this path until the kernel restarts",
+        )
+        self.deny_button = widgets.Button(
+            description="Deny", button_style="danger", icon="times",
+            tooltip="Refuse; the operation fails with ApprovalDeniedError",
+        )
+        self.status = widgets.Label(self._waiting_text(timeout))
+        self.render_ack = RenderAck(self.rendered.set)
+        source = html.escape(printable(request.source))
+        operation = html.escape(request.operation)
+        path = html.escape(printable(request.path))
+        header = widgets.HTML(
+            f"<b>Approval needed</b> &middot; {source} wants to <b>{operation}</b> "
+            f"<code>{path}</code>{_size(request)}"
+        )
+        children: list[widgets.Widget] = [header]
+        if request.summary:
+            summary = html.escape(printable(request.summary, keep="\n\t"))
+            children.append(
+                widgets.HTML(
+                    "<pre style='max-height:14em;overflow:auto;margin:0.3em 0'>"
+                    f"{summary}</pre>"
+                )
+            )
+        children += [
+            widgets.HBox([self.approve_button, self.always_button, self.deny_button]),
+            self.status,
+            self.render_ack,
+        ]
+        super().__init__(children, layout=widgets.Layout(border="1px solid #d0a000", padding="4px"))
+        for button, decision in self._buttons():
+            button.on_click(partial(self._click, decision))
+
+    def _buttons(self) -> Iterator[tuple[widgets.Button, Decision]]:
+        yield self.approve_button, Decision.allow_once
+        yield self.always_button, Decision.allow_session
+        yield self.deny_button, Decision.deny
+
+    @property
+    def pending(self) -> bool:
+        return not self.answered.is_set()
+
+    @property
+    def awaiting_render(self) -> bool:
+        return self.pending and not self.rendered.is_set()
+
+    def routes(self) -> Iterator[tuple[Any, Callable[[], bool]]]:
+        """(comm, active) pairs: which comms must reach a busy kernel, and while when."""
+        for button, _ in self._buttons():
+            yield button.comm, lambda: self.pending
+        yield self.render_ack.comm, lambda: self.awaiting_render
+
+    def _click(self, decision: Decision, _button: object) -> None:
+        with self._lock:
+            if not self.pending:
+                return
+            self.answer = decision
+            self.rendered.set()  # a click is the surest sign someone saw it
+            self.answered.set()
+
+    def show_countdown(self, remaining: float | None) -> None:
+        text = self._waiting_text(remaining)
+        if self.status.value != text:
+            self.status.value = text
+
+    @staticmethod
+    def _waiting_text(remaining: float | None) -> str:
+        if remaining is None:
+            return "Waiting for your answer (no time limit)."
+        return f"Waiting for your answer; denies in {max(0, int(remaining + 0.999))} s."
+
+    def record(self, decision: ApprovalDecision) -> None:
+        """Freeze into the record of `decision`: buttons disabled, who/what/when shown."""
+        with self._lock:
+            self.decision = decision
+            self.answered.set()
+        for button, _ in self._buttons():
+            button.disabled = True
+        self.status.value = self.outcome_text()
+        if self.render_ack in self.children:  # saved notebooks need no anywidget to show it
+            self.children = tuple(c for c in self.children if c is not self.render_ack)
+            self.render_ack.close()
+
+    def outcome_text(self) -> str:
+        decision = self.decision
+        if decision is None:
+            return self._waiting_text(self.timeout)
+        return (
+            f"{_OUTCOME[decision.decision]} by {decision.decided_by} at "
+            f"{_when(decision.decided_at)}: {printable(decision.reason)}"
+        )
+
+    def as_text(self) -> str:
+        """What nbconvert, GitHub and a notebook without widget state show."""
+        request = self.request
+        lines = [f"Approval ({printable(request.source)}): {printable(_describe(request))}"]
+        lines += [f"  | {line}" for line in printable(request.summary, "\n\t").splitlines()]
+        if self.decision is None:
+            lines.append("[Approve once] [Always for this session] [Deny]  " + self.outcome_text())
+        else:
+            lines.append(self.outcome_text())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<ApprovalWidget {printable(_describe(self.request))!s}: {self.outcome_text()}>"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = self.as_text()
+        return bundle
+
+
+class WidgetResponder:
+    """Asks with an ApprovalWidget in the running cell; see the module docstring.
+
+    Thread-safe: the broker may call it from any thread, and requests for different paths
+    may be pending at once (one widget each). `close()` (on `%unload_ext`) removes the
+    kernel hooks and the subshell; later requests get the headless decision.
+    """
+
+    def __init__(
+        self,
+        kernel: Any,
+        *,
+        headless: ApprovalResponder | None = None,
+        render_timeout: float = 5.0,
+    ) -> None:
+        if not render_timeout > 0:
+            raise ValueError(f"render_timeout must be positive, got {render_timeout!r}")
+        if getattr(kernel, "shell", None) is None:
+            raise ValueError("WidgetResponder needs a kernel with a shell (ipykernel's kernel)")
+        self.kernel = kernel
+        self.shell = kernel.shell
+        self.headless: ApprovalResponder = headless if headless is not None else HeadlessResponder()
+        self.render_timeout = render_timeout
+        self._cells = CellTracker(kernel)
+        self._router = SubshellRouter(kernel)
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+        self._cells.close()
+        self._router.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"WidgetResponder(headless={self.headless!r}, render_timeout={self.render_timeout!r})"
+        )
+
+    def __call__(self, request: ApprovalRequest, timeout: float | None) -> ApprovalDecision:
+        cell = self._cells.current()
+        widget = ApprovalWidget(request, timeout)
+        handle: DisplayHandle | None = None
+        decision: ApprovalDecision | None = None
+        try:
+            why_not = self._why_nobody_can_answer(cell, widget)
+            handle = self._show(widget, cell)
+            if why_not is None:
+                decision, why_not = self._wait(widget, timeout, cell)
+            if decision is None:
+                decision = self._headless(request, timeout, cell, why_not or "")
+            return decision
+        except BaseException as exc:  # KeyboardInterrupt (the stop button) included
+            stopped = isinstance(exc, KeyboardInterrupt)
+            decision = ApprovalDecision(
+                decision=Decision.deny,
+                decided_by="interruption" if stopped else "error",
+                reason="the cell was stopped before anyone answered"
+                if stopped
+                else f"asking failed ({type(exc).__name__}: {exc})",
+            )
+            raise
+        finally:
+            self._restore_parent(cell)
+            self._record(widget, handle, cell, decision)
+
+    def _record(
+        self,
+        widget: ApprovalWidget,
+        handle: DisplayHandle | None,
+        cell: CellParent,
+        decision: ApprovalDecision | None,
+    ) -> None:
+        """Leave the widget as the record of `decision`; the saved text repr too."""
+        if decision is None:
+            return
+        try:
+            widget.record(decision)
+            if handle is not None:
+                with output_to(self.shell, cell):
+                    handle.update(widget)
+        except Exception:  # the answer stands even if the kernel cannot show it any more
+            _logger.exception("could not record the approval decision in the widget")
+
+    def _why_nobody_can_answer(self, cell: CellParent, widget: ApprovalWidget) -> str | None:
+        if self._closed:
+            return "the sandbox extension was unloaded"
+        if not cell.allow_stdin:
+            return (
+                "the client running this cell cannot answer (allow_stdin is false, as under "
+                "nbclient or papermill)"
+            )
+        if self._router.on_subshell_thread():
+            return "it was asked from the widget's own message thread, which cannot also click"
+        try:
+            for comm, active in widget.routes():
+                self._router.route(comm, active)
+        except RoutingUnavailable as exc:
+            return f"clicks cannot reach this kernel while the cell is busy: {exc}"
+        return None
+
+    def _show(self, widget: ApprovalWidget, cell: CellParent) -> DisplayHandle | None:
+        with output_to(self.shell, cell):
+            handle = display(widget, display_id=True)
+        return handle if isinstance(handle, DisplayHandle) else None
+
+    def _wait(
+        self, widget: ApprovalWidget, timeout: float | None, cell: CellParent
+    ) -> tuple[ApprovalDecision | None, str | None]:
+        """A click or the timeout's denial; (None, why) if no frontend rendered the widget."""
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        render_deadline = start + self.render_timeout
+        restored_after_render = False
+        while True:
+            now = time.monotonic()
+            if widget.answered.is_set():
+                return self._clicked(widget), None
+            if widget.rendered.is_set() and not restored_after_render:
+                restored_after_render = True
+                self._restore_parent(cell)
+            elif not widget.rendered.is_set() and now >= render_deadline:
+                return None, (
+                    f"no frontend showed the approval widget within {self.render_timeout:g} s "
+                    "(is JupyterLab's anywidget extension installed?)"
+                )
+            if deadline is not None and now >= deadline:
+                return (
+                    ApprovalDecision(
+                        decision=Decision.deny,
+                        decided_by="timeout",
+                        reason=f"nobody answered within {timeout:g} s",
+                    ),
+                    None,
+                )
+            widget.show_countdown(None if deadline is None else deadline - now)
+            step = 1.0 if deadline is None else min(1.0, deadline - now)
+            if not widget.rendered.is_set():
+                step = min(step, render_deadline - now)
+            widget.answered.wait(max(step, 0.0))
+
+    @staticmethod
+    def _clicked(widget: ApprovalWidget) -> ApprovalDecision:
+        answer = widget.answer
+        assert answer is not None
+        return ApprovalDecision(decision=answer, decided_by="widget", reason=_CLICK_REASON[answer])
+
+    def _headless(
+        self, request: ApprovalRequest, timeout: float | None, cell: CellParent, why_not: str
+    ) -> ApprovalDecision:
+        decision = self.headless(request, timeout)
+        with output_to(self.shell, cell):
+            print(
+                f"sandbox_kernel_ext: the headless decision ({decision.decision.value}) answered "
+                f"{printable(_describe(request))} because {why_not}.",
+                file=sys.stderr,
+                flush=True,
+            )
+        return decision.model_copy(update={"reason": f"{decision.reason} ({why_not})"})
+
+    def _restore_parent(self, cell: CellParent) -> None:
+        """Routed messages made themselves the kernel's default parent; if this cell still
+        runs, make it the default again so threads' output keeps landing in it."""
+        if self._router.subshell_id is not None and self._cells.current().msg_id == cell.msg_id:
+            restore_default_parent(self.kernel, cell)
+
+
+def responder_for(
+    shell: Any, *, headless_decision: str = "deny", render_timeout: float = 5.0
+) -> ApprovalResponder:
+    """The responder that can reach the person using `shell`: a widget inside a Jupyter
+    kernel, a prompt in terminal IPython, else the headless decision."""
+    headless = HeadlessResponder(headless_decision)
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None and getattr(kernel, "shell", None) is not None:
+        return WidgetResponder(kernel, headless=headless, render_timeout=render_timeout)
+    try:
+        from IPython.terminal.interactiveshell import TerminalInteractiveShell
+    except ImportError:  # pragma: no cover - IPython ships it
+        return headless
+    if isinstance(shell, TerminalInteractiveShell):
+        return TerminalResponder()
+    return headless
