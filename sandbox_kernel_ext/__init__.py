@@ -70,6 +70,7 @@ from .policy import (
     check_limits,
     validate_path_access,
 )
+from .notebook import load_ipython_extension, unload_ipython_extension
 from .runner.inside import report_usage
 from .runner.isolation import isolation_report
 from .runner.manager import SandboxManager
@@ -98,6 +99,7 @@ __all__ = [
     "ResourceMonitor", "SandboxError", "SandboxManager", "SandboxPermissionEscalationError", "SandboxResult", "SandboxStatus",
     "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "TerminalTool", "Tool",
     "ToolError", "WriteResult", "check_egress", "filesystem_list", "filesystem_read",
-    "filesystem_write", "check_limits", "isolation_report", "report_usage",
+    "filesystem_write", "check_limits", "isolation_report", "load_ipython_extension",
+    "report_usage", "unload_ipython_extension",
     "validate_path_access",
 ]

@@ -48,7 +48,8 @@ def session_magics() -> SandboxMagics:
     shell = get_ipython()
     magics = shell.magics_manager.registry.get(_MAGICS_NAME) if shell is not None else None
     if magics is None:
-        raise RuntimeError("sandbox_kernel_ext is not loaded here; run %load_ext sandbox_kernel_ext")
+        raise RuntimeError(
+            "sandbox_kernel_ext is not loaded here; run %load_ext sandbox_kernel_ext")
     return magics
 
 

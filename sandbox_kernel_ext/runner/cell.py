@@ -106,7 +106,10 @@ def run_cell(plan: ChildPlan) -> int:
                 f"output variables are {size} bytes as JSON; the cap is {MAX_VARIABLES_BYTES} "
                 "(write large results to a file in a writable root instead)"
             )
-        inside.close_staged()
+        unwritten = inside.finish()
+        if unwritten:
+            raise PermissionError("; ".join(unwritten) + " (the file was never closed by the "
+                                  "cell, so this could not be raised where it was written)")
         inside.send_frame({"type": "variables", "values": values})
     except SystemExit as exc:
         exit_code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

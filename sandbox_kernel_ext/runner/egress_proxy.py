@@ -19,6 +19,7 @@ import errno
 import ipaddress
 import logging
 import math
+import mmap
 import os
 import re
 import select
@@ -36,7 +37,10 @@ __all__ = ["EgressProxy", "address_refusal"]
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
-RELAY_CHUNK_BYTES = 256 * 1024
+# Chunk per relay direction: big downloads want large reads (1 MiB gave ~1.3x the speed of
+# 256 KiB here); requests going up are usually small.
+DOWNSTREAM_CHUNK_BYTES = 1024 * 1024
+UPSTREAM_CHUNK_BYTES = 256 * 1024
 REASON_PHRASE_CHARS = 200
 # Bounds on the proxy's own small writes (error replies) and on reading what a refused
 # client still sends, so the reply is not lost to a reset.
@@ -208,13 +212,20 @@ class EgressProxy:
 
     def serve(self, listener: socket.socket) -> None:
         """Accept connections on `listener` (a listening TCP socket) from a background
-        thread. The proxy owns it from now on and closes it in `close()`."""
+        thread. The proxy owns it from now on: `stop_serving` or `close()` closes it, and
+        so does a refusal here (the socket comes from the untrusted child)."""
+        try:
+            listening = listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        except OSError:
+            listening = 0
         if (
             listener.family not in (socket.AF_INET, socket.AF_INET6)
             or listener.type != socket.SOCK_STREAM
-            or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            or not listening
         ):
-            raise ValueError(f"the egress proxy needs a listening TCP socket, not {listener!r}")
+            shown = repr(listener)
+            listener.close()
+            raise ValueError(f"the egress proxy needs a listening TCP socket, not {shown}")
         with self._lock:
             if self._closed:
                 listener.close()
@@ -475,7 +486,8 @@ class EgressProxy:
             err = sock.connect_ex(sockaddr)
             if err not in (0, errno.EINPROGRESS):
                 raise OSError(err, os.strerror(err))
-            if err and not self._wait(sock, select.POLLOUT, time.monotonic() + self._connect_timeout):
+            deadline = time.monotonic() + self._connect_timeout
+            if err and not self._wait(sock, select.POLLOUT, deadline):
                 raise OSError(errno.ETIMEDOUT, f"no answer within {self._connect_timeout:g} s")
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
@@ -497,7 +509,10 @@ class EgressProxy:
         """
         assert self._wake is not None
         wake = self._wake[0]
-        directions = (_Direction(client, upstream), _Direction(upstream, client))
+        directions = (
+            _Direction(client, upstream, UPSTREAM_CHUNK_BYTES),
+            _Direction(upstream, client, DOWNSTREAM_CHUNK_BYTES),
+        )
         downstream = directions[1]
         poller = select.poll()
         poller.register(wake, select.POLLIN)
@@ -526,8 +541,11 @@ class EgressProxy:
             if not ready:
                 return  # idle for idle_timeout
             moved = False
+            ready_fds = {fd for fd, _ in ready}
             for direction in directions:
-                moved |= direction.step()
+                watched = direction.dst if direction.pending else direction.src
+                if watched.fileno() in ready_fds:
+                    moved |= direction.step()
             if moved:
                 deadline = time.monotonic() + self._idle_timeout
 
@@ -626,9 +644,9 @@ class _Direction:
 
     __slots__ = ("src", "dst", "buffer", "view", "start", "stop", "ended")
 
-    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+    def __init__(self, src: socket.socket, dst: socket.socket, chunk: int) -> None:
         self.src, self.dst = src, dst
-        self.buffer = bytearray(RELAY_CHUNK_BYTES)
+        self.buffer = mmap.mmap(-1, chunk)  # anonymous: a page costs memory once written
         self.view = memoryview(self.buffer)
         self.start = self.stop = 0
         self.ended = False
@@ -638,14 +656,24 @@ class _Direction:
         return self.start < self.stop
 
     def step(self) -> bool:
-        """Read a chunk if the last one is gone, then send what is waiting: whether any
-        byte moved. Raises OSError when either side fails."""
+        """Send what is waiting, then read and send more until one side would block:
+        whether any byte moved. Raises OSError when either side fails."""
         moved = False
-        if not self.pending and not self.ended:
+        while True:
+            if self.pending:
+                try:
+                    self.start += self.dst.send(self.view[self.start : self.stop])
+                except (BlockingIOError, InterruptedError):
+                    return moved
+                moved = True
+                if self.pending:
+                    return True  # the receiver's buffer is full: wait until it drains
+            if self.ended:
+                return moved
             try:
                 count = self.src.recv_into(self.view)
             except (BlockingIOError, InterruptedError):
-                return False
+                return moved
             if count == 0:
                 self.ended = True
                 try:
@@ -654,13 +682,6 @@ class _Direction:
                     pass
                 return True
             self.start, self.stop, moved = 0, count, True
-        if self.pending:
-            try:
-                self.start += self.dst.send(self.view[self.start : self.stop])
-                moved = True
-            except (BlockingIOError, InterruptedError):
-                pass
-        return moved
 
 
 def _shutdown(sock: socket.socket) -> None:

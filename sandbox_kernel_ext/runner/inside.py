@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+import weakref
 from typing import Any
 
 __all__ = ["report_usage", "install", "send_frame"]
@@ -179,16 +180,25 @@ def _commit(handle: str, path: str) -> None:
     for fd in fds:
         _os_close(fd)
     if not reply.get("ok"):
-        error = PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
-                                path)
-        # Said here too: a file closed by the garbage collector swallows what close() raises.
-        print(f"[sandbox] {path} was not written: {error.strerror}", file=sys.stderr)
-        raise error
+        raise PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
+                              path)
 
 
-class _StagedFileIO(io.FileIO):
-    """A write the kernel staged for us: closing it asks for the file to be put in place."""
+class _CommitsWhenClosed:
+    """For the outermost object open() returns over a staged write. Closing it commits; when
+    the garbage collector closes it, nobody can catch the refusal, so it is kept for the end
+    of the cell (which then fails, saying which file was not written)."""
 
+    def __del__(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.close()
+        except OSError as exc:
+            _unseen_refusals.append(exc)
+
+
+class _StagedFileIO(_CommitsWhenClosed, io.FileIO):
     def __init__(self, fd: int, mode: str, handle: str, path: str) -> None:
         super().__init__(fd, mode, closefd=True)
         self._handle, self._path = handle, path
@@ -200,9 +210,26 @@ class _StagedFileIO(io.FileIO):
         _commit(self._handle, self._path)
 
 
+class _StagedWriter(_CommitsWhenClosed, io.BufferedWriter):
+    pass
+
+
+class _StagedRandom(_CommitsWhenClosed, io.BufferedRandom):
+    pass
+
+
+class _StagedText(_CommitsWhenClosed, io.TextIOWrapper):
+    pass
+
+
+_unseen_refusals: list[OSError] = []
+_open_staged: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def _wrap(fd: int, handle: str | None, path: str, mode: str, buffering: int,
           encoding: str | None, errors: str | None, newline: str | None) -> Any:
-    """What io.open would build around a descriptor, with our raw file for staged writes."""
+    """What io.open would build around a descriptor, with committing classes for a staged
+    write."""
     kind = "r" if "r" in mode else "a" if "a" in mode else "w"  # x: the commit is exclusive
     raw_mode = kind + ("+" if "+" in mode else "")
     try:
@@ -214,21 +241,23 @@ def _wrap(fd: int, handle: str | None, path: str, mode: str, buffering: int,
     raw.name = path
     if "a" in mode:
         raw.seek(0, os.SEEK_END)
-    binary = "b" in mode
-    if buffering == 0 and binary:
-        return raw
-    size = io.DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering
-    if raw.readable() and raw.writable():
-        buffer: Any = io.BufferedRandom(raw, size)
-    elif raw.writable():
-        buffer = io.BufferedWriter(raw, size)
-    else:
-        buffer = io.BufferedReader(raw, size)
-    if binary:
-        return buffer
-    text = io.TextIOWrapper(buffer, encoding, errors, newline, line_buffering=buffering == 1)
-    text.mode = mode
-    return text
+    staged = handle is not None
+    outer: Any = raw
+    if not (buffering == 0 and "b" in mode):
+        size = io.DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering
+        if raw.readable() and raw.writable():
+            outer = (_StagedRandom if staged else io.BufferedRandom)(raw, size)
+        elif raw.writable():
+            outer = (_StagedWriter if staged else io.BufferedWriter)(raw, size)
+        else:
+            outer = io.BufferedReader(raw, size)
+        if "b" not in mode:
+            outer = (_StagedText if staged else io.TextIOWrapper)(
+                outer, encoding, errors, newline, line_buffering=buffering == 1)
+            outer.mode = mode
+    if staged:
+        _open_staged.add(outer)
+    return outer
 
 
 def _refusal(exc: OSError, path: str, write: bool) -> OSError:
@@ -317,11 +346,17 @@ def install(control_fd: int, view: dict[str, Any]) -> None:
         sys.addaudithook(_audit)
 
 
-def close_staged() -> None:
-    """At the end of the cell: commit what os.open() callers left open (a file object left
-    open is closed, and committed, by the interpreter's own clean-up before this)."""
+def finish() -> list[str]:
+    """At the end of the cell, as an interpreter's exit would: close what is still open over
+    a staged write (committing it). Returns the refusals no code could have caught."""
+    for file in list(_open_staged):
+        try:
+            file.close()
+        except OSError as exc:
+            _unseen_refusals.append(exc)
     for fd in list(_staged):
         try:
             _sandbox_os_close(fd)
         except OSError as exc:
-            print(f"[sandbox] {exc}", file=sys.stderr)
+            _unseen_refusals.append(exc)
+    return [f"{exc.filename} was not written: {exc.strerror}" for exc in _unseen_refusals]

@@ -46,9 +46,10 @@ from .plan import (
     homes_folder,
 )
 
-__all__ = ["SandboxManager", "OutputCallback"]
+__all__ = ["SandboxManager", "OutputCallback", "StartCallback"]
 
 OutputCallback = Callable[[str, str], None]  # (stream name "stdout"/"stderr", text)
+StartCallback = Callable[[ResourceMonitor], None]
 _READ_CHUNK = 65536
 EGRESS_LOG_LIMIT = 1000  # decisions kept per sandbox (counts are kept in full)
 _HANDOFF_TIMEOUT = 30.0  # for the child to hand over its proxy listener
@@ -106,7 +107,8 @@ class SandboxManager:
 
     `child_uid`: the unprivileged uid a child drops to when this process runs as root
     (default 65534, "nobody"); its writable folders must be writable by that uid.
-    `monitor_interval`: seconds between samples of the process tree (default 0.25).
+    `monitor_interval`: seconds between samples of the process tree (default 0.25; read at
+    each run, so it may be changed between runs).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
     `strict: true` does the same for its sandboxes).
     `broker`: decides approval-gated opens from sandboxed cells (an `ApprovalBroker`; the
@@ -127,7 +129,7 @@ class SandboxManager:
         self._lock = threading.Lock()
         self._sandboxes: dict[str, _Sandbox] = {}
         self._launcher = LauncherClient()
-        self._interval = monitor_interval
+        self.monitor_interval = monitor_interval
         self._strict = strict
         self._is_root = os.name == "posix" and os.geteuid() == 0
         self.child_uid = (child_uid if child_uid is not None else NOBODY_UID) if self._is_root else None
@@ -269,15 +271,17 @@ class SandboxManager:
         env: dict[str, str] | None = None,
         on_output: OutputCallback | None = None,
         stdin: bytes | None = None,
+        on_start: StartCallback | None = None,
     ) -> SandboxResult:
-        """Run `command` (an argv list, no shell) confined; output streams to `on_output`."""
+        """Run `command` (an argv list, no shell) confined; output streams to `on_output`, and
+        `on_start(monitor)` is called once the child runs (subscribe gauges there)."""
         if not isinstance(command, list) or not command:
             raise SandboxError("command must be a non-empty list of strings")
         if any(ch in command[0] for ch in ";&|`$<>\n"):
             raise SandboxError(f"shell metacharacters in the program name {command[0]!r}; "
                                "pass an argv list (or run ['/bin/sh', '-c', line] explicitly)")
         return self._run(sandbox_id, "exec", command, timeout, cwd=cwd, env=env,
-                         on_output=on_output, stdin=stdin)
+                         on_output=on_output, stdin=stdin, on_start=on_start)
 
     def run_python(
         self,
@@ -290,6 +294,7 @@ class SandboxManager:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         on_output: OutputCallback | None = None,
+        on_start: StartCallback | None = None,
     ) -> SandboxResult:
         """Run Python source in a confined fork of the launcher's interpreter.
 
@@ -305,7 +310,7 @@ class SandboxManager:
         except Exception as exc:  # noqa: BLE001
             raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
         return self._run(sandbox_id, "python", [], timeout, cwd=cwd, env=env,
-                         on_output=on_output, payload=payload)
+                         on_output=on_output, payload=payload, on_start=on_start)
 
     @staticmethod
     def _child_view(sandbox: _Sandbox) -> dict[str, Any]:
@@ -324,6 +329,7 @@ class SandboxManager:
         self, sandbox_id: str, kind: str, argv: list[str], timeout: float, *,
         cwd: str | None, env: dict[str, str] | None, on_output: OutputCallback | None,
         stdin: bytes | None = None, payload: bytes | None = None,
+        on_start: StartCallback | None = None,
     ) -> SandboxResult:
         if not timeout > 0:
             raise SandboxError(f"timeout must be positive, got {timeout!r}")
@@ -344,7 +350,8 @@ class SandboxManager:
             sandbox.status = previous  # a bad request changes nothing
             raise
         try:
-            result = self._spawn_and_collect(sandbox, plan, timeout, on_output, stdin, payload)
+            result = self._spawn_and_collect(sandbox, plan, timeout, on_output, stdin, payload,
+                                             on_start)
         except SandboxError:
             ran = sandbox.child is not None and sandbox.child.pid > 0
             sandbox.status = SandboxStatus.stopped if ran else previous  # not started: unchanged
@@ -358,7 +365,8 @@ class SandboxManager:
 
     def _spawn_and_collect(self, sandbox: _Sandbox, plan: Any, timeout: float,
                            on_output: OutputCallback | None, stdin: bytes | None,
-                           payload: bytes | None) -> SandboxResult:
+                           payload: bytes | None,
+                           on_start: StartCallback | None = None) -> SandboxResult:
         limits = sandbox.capability.resource_limits
         cap = int(limits.max_output_mb * 1024 * 1024)
         parent_fds: list[int] = []
@@ -409,7 +417,7 @@ class SandboxManager:
             if handoff is not None:
                 handoff.close()
         monitor = ResourceMonitor(
-            limits, interval=self._interval, timeout=timeout,
+            limits, interval=self.monitor_interval, timeout=timeout,
             on_breach=lambda reason: self._breach(sandbox, child, reason),
         )
         sandbox.monitor = monitor
@@ -427,6 +435,8 @@ class SandboxManager:
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
             monitor.start(child.pid)
+            if on_start is not None:
+                on_start(monitor)
             self._pump(child, streams, control, monitor, timeout, sandbox)
             child.exited.wait()
         except BaseException:

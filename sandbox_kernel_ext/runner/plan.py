@@ -64,6 +64,12 @@ def denied_reads() -> list[str]:
     return denied
 
 
+def withheld_from_everywhere() -> list[str]:
+    """What a "read everywhere" policy never grants wholesale: the credential list, and the
+    folders it grants only in part (`/proc`, `/sys`, `/dev`, `/etc`)."""
+    return [*denied_reads(), *_EVERYWHERE_EXCLUDED]
+
+
 @functools.lru_cache(maxsize=4)
 def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(landlock.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))

@@ -152,6 +152,15 @@ def test_gated_reads_ask_and_other_roots_do_not(gated, person, roots) -> None:
     assert denied.exit_code == 1 and "read of '/secret/key.txt' was not approved" in denied.stderr
 
 
+def test_a_file_left_open_is_committed_at_the_end_of_the_cell(gated, person, roots) -> None:
+    sid = gated.create_sandbox(_policy(roots))
+    person.answer("/data/open.txt", Decision.allow_once)
+    result = gated.run_python(sid, f"f = open({str(roots / 'data' / 'open.txt')!r}, 'w')\n"
+                                   "f.write('kept')")
+    assert result.exit_code == 0, result.stderr
+    assert (roots / "data" / "open.txt").read_text() == "kept"
+
+
 def test_always_covers_later_runs_and_append_keeps_the_old_content(gated, person, roots) -> None:
     sid = gated.create_sandbox(_policy(roots))
     path = str(roots / "data" / "log.txt")
@@ -248,10 +257,14 @@ def test_a_timed_out_approval_denies_and_leaves_nothing(roots) -> None:
         sid = manager.create_sandbox(_policy(roots))
         path = str(roots / "data" / "t.txt")
         result = manager.run_python(sid, f"with open({path!r}, 'w') as f:\n    f.write('x')")
-        # A file left to the garbage collector cannot raise; the reason is still printed.
+        # A file closed by the garbage collector, or never closed, cannot raise where it was
+        # written: the cell fails at its end instead, naming the file.
         dropped = manager.run_python(sid, f"open({path!r}, 'w').write('x')")
+        left_open = manager.run_python(sid, f"f = open({path!r}, 'w')\nf.write('x')")
     assert result.exit_code == 1 and "nobody answered in time" in result.stderr
-    assert dropped.exit_code == 0 and "t.txt was not written" in dropped.stderr
+    for run in (dropped, left_open):
+        assert run.exit_code == 1 and "t.txt was not written: write of '/data/t.txt' was not " \
+            "approved" in run.stderr, run.stderr
     assert os.listdir(roots / "data") == []
 
 

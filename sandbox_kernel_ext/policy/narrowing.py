@@ -1,0 +1,309 @@
+"""A cell's own, narrower policy: what `%%sandbox` options may ask of the session's policy.
+
+The session's policy is a ceiling. A cell may lower a budget, name paths the ceiling already
+lets a sandbox reach, and name destinations the ceiling's egress rules already allow; anything
+else is a `NarrowingError` naming the field and the ceiling. Nothing here runs a process: the
+functions compare models and real paths (`os.path.realpath`), so the decision is testable alone.
+
+Paths follow `Sandbox.derive`: once a cell names any path (`allow_read` or `allow_write`), it
+gets only the paths it names (the runner still adds the interpreter and the sandbox's own home).
+A path inside an approval-gated root of the ceiling's path table stays gated: naming it never
+turns an approval into a grant.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .egress import EgressFilter, MalformedTargetError, parse_authority
+from .errors import SandboxPermissionEscalationError
+from .models import (
+    CapabilityDeclaration,
+    FilesystemConfig,
+    FilesystemMode,
+    NetworkEgressRule,
+    normalize_domain,
+)
+from .path_config import PathConfig
+from .sandbox import is_within
+
+__all__ = ["Narrowing", "NarrowingError", "lower_only", "narrow", "narrow_network"]
+
+Number = TypeVar("Number", int, float)
+
+
+class NarrowingError(SandboxPermissionEscalationError):
+    """A cell asked for more than the session's policy; `field` says which request."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Narrowing:
+    """What one cell asks for; None and empty tuples keep the ceiling's value."""
+
+    max_memory_mb: int | None = None
+    max_cpu_seconds: float | None = None
+    allow_read: tuple[str, ...] = ()
+    allow_write: tuple[str, ...] = ()
+    allow_net: tuple[str, ...] = ()  # "domain", "domain:port", "*.domain", "[v6]:port"
+
+
+def lower_only(field: str, requested: Number, ceiling: Number, unit: str = "") -> Number:
+    """`requested` if it is positive and at most `ceiling`; else a NarrowingError."""
+    shown = f"{requested:g}{unit}"
+    if not (math.isfinite(requested) and requested > 0):
+        raise NarrowingError(field, f"{field} must be a positive number, got {shown}")
+    if requested > ceiling:
+        raise NarrowingError(
+            field,
+            f"{field} {shown} is above the session policy's ceiling of {ceiling:g}{unit}; "
+            "a cell may only lower it",
+        )
+    return requested
+
+
+def narrow(
+    ceiling: CapabilityDeclaration,
+    narrowing: Narrowing,
+    *,
+    denied: Iterable[str] = (),
+    cwd: str | None = None,
+) -> CapabilityDeclaration:
+    """The policy one cell runs under: `ceiling` with `narrowing` applied, never more.
+
+    `denied`: host paths a "read everywhere" ceiling still withholds (the runner's credential
+    list and the folders it grants only in part); a named path may neither lie in one nor hold
+    one. `cwd`: where relative paths in `narrowing` resolve (default: the working directory).
+    """
+    limits = ceiling.resource_limits
+    update: dict[str, object] = {}
+    if narrowing.max_memory_mb is not None or narrowing.max_cpu_seconds is not None:
+        changes: dict[str, object] = {}
+        if narrowing.max_memory_mb is not None:
+            changes["max_memory_mb"] = lower_only(
+                "max_memory_mb", narrowing.max_memory_mb, limits.max_memory_mb, " MB")
+        if narrowing.max_cpu_seconds is not None:
+            changes["max_cpu_seconds"] = lower_only(
+                "max_cpu_seconds", narrowing.max_cpu_seconds, limits.max_cpu_seconds, " s")
+        update["resource_limits"] = limits.model_validate({**limits.model_dump(), **changes})
+    if narrowing.allow_net:
+        update["network_egress_rules"] = narrow_network(
+            ceiling.network_egress_rules, narrowing.allow_net)
+    if narrowing.allow_read or narrowing.allow_write:
+        update.update(_narrow_paths(ceiling, narrowing, denied, cwd or os.getcwd()))
+    return ceiling.model_copy(update=update) if update else ceiling
+
+
+# -- network ------------------------------------------------------------------------------------
+
+def narrow_network(
+    rules: Sequence[NetworkEgressRule], requested: Iterable[str]
+) -> list[NetworkEgressRule]:
+    """One rule per requested destination, each allowed by `rules` (ports and rate too)."""
+    return [_narrow_destination(rules, text) for text in requested]
+
+
+def _narrow_destination(rules: Sequence[NetworkEgressRule], text: str) -> NetworkEgressRule:
+    wildcard = text.strip().startswith("*.")
+    try:
+        host, port = parse_authority(text.strip()[2:] if wildcard else text.strip())
+        domain = normalize_domain(("*." if wildcard else "") + host)
+    except (MalformedTargetError, ValueError) as exc:
+        raise NarrowingError(
+            "allow_net", f"allow_net {text!r} is not DOMAIN[:PORT]: {exc}") from None
+    covering = _covering(rules, domain)
+    if port is not None:
+        covering = [rule for rule in covering if not rule.ports or port in rule.ports]
+    if not covering:
+        allowed = ", ".join(
+            rule.domain + (":" + "/".join(map(str, rule.ports)) if rule.ports else "")
+            for rule in rules
+        ) or "no network at all"
+        raise NarrowingError(
+            "allow_net",
+            f"allow_net {text!r} is not allowed by the session policy (it allows: {allowed})",
+        )
+    if port is not None:
+        ports = [port]
+    elif any(not rule.ports for rule in covering):
+        ports = []  # some covering rule allows any port
+    else:
+        ports = sorted({p for rule in covering for p in rule.ports})
+    rate = min(rule.rate_limit_per_min for rule in covering)
+    return NetworkEgressRule(domain=domain, ports=ports, rate_limit_per_min=rate)
+
+
+def _covering(rules: Sequence[NetworkEgressRule], domain: str) -> list[NetworkEgressRule]:
+    """The rules that match every host `domain` (itself maybe `*.` + a name) matches."""
+    if not domain.startswith("*."):
+        return EgressFilter(rules).rules_for_domain(domain)
+    # A wildcard asks for every subdomain of a name: only a wildcard for that name, or one
+    # matching the name itself, covers them all.
+    matching = EgressFilter(rules).rules_for_domain(domain[2:])
+    return [rule for rule in rules if rule.domain.startswith("*.")
+            and (rule.domain == domain or rule in matching)]
+
+
+# -- paths --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _TableRoot:
+    name: str | None  # None: the single-root table
+    host: str
+    config: PathConfig
+
+    @property
+    def gated(self) -> bool:
+        return self.config.read_approval or self.config.write_approval
+
+
+def _real(path: str, base: str) -> str:
+    return os.path.realpath(os.path.join(base, os.path.expanduser(path)))
+
+
+def _table_roots(ceiling: CapabilityDeclaration) -> list[_TableRoot]:
+    base = str(ceiling.base_path)
+    table = ceiling.sandbox_config()
+    if table is None:
+        return []
+    if table.root is not None:
+        single = PathConfig(root=str(table.root.root), mode="ro" if table.root.readonly else "rw",
+                            write_approval=False, read_approval=False)
+        return [_TableRoot(None, _real(str(table.root.root), base), single)]
+    return [_TableRoot(name, _real(entry.root, base), entry)
+            for name, entry in (table.paths or {}).items()]
+
+
+class _Ceiling:
+    """The host paths the ceiling lets a sandboxed process reach, and how."""
+
+    def __init__(self, ceiling: CapabilityDeclaration, denied: Iterable[str]) -> None:
+        base = str(ceiling.base_path)
+        config = ceiling.filesystem_config
+        self.everywhere = (config.mode is not FilesystemMode.none
+                           and config.readable_paths is None)
+        self.readable = [] if config.mode is FilesystemMode.none or self.everywhere else [
+            _real(p, base) for p in config.readable_paths or ()]
+        self.writable = [_real(p, base) for p in config.writable_paths] if (
+            config.mode is FilesystemMode.read_write) else []
+        self.denied = sorted({os.path.realpath(p) for p in denied})
+        self.table = _table_roots(ceiling)
+
+    def table_root(self, path: str) -> _TableRoot | None:
+        return next((root for root in self.table if is_within(path, root.host)), None)
+
+    def fs_readable(self, path: str) -> str | None:
+        """None when `path` is readable; else why not."""
+        if any(is_within(path, p) for p in [*self.readable, *self.writable]):
+            return None
+        if self.everywhere:
+            clash = next((d for d in self.denied if is_within(path, d) or is_within(d, path)), None)
+            if clash is None:
+                return None
+            return (f"it {'lies in' if is_within(path, clash) else 'holds'} {clash}, which the "
+                    "session policy never lets a sandbox read")
+        return "it is outside what the session policy lets a sandbox read" + self._listing()
+
+    def fs_writable(self, path: str) -> str | None:
+        if any(is_within(path, p) for p in self.writable):
+            return None
+        return "it is outside what the session policy lets a sandbox write" + self._listing()
+
+    def _listing(self) -> str:
+        readable = "everywhere but credential stores" if self.everywhere else (
+            ", ".join(self.readable) or "nothing")
+        table = ", ".join(root.host for root in self.table)
+        return (f" (readable: {readable}; writable: {', '.join(self.writable) or 'nothing'}"
+                + (f"; path table: {table}" if table else "") + ")")
+
+
+def _resolve(path: str, cwd: str, field: str) -> str:
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise NarrowingError(field, f"{field} {path!r} is not a path")
+    real = _real(path, cwd)
+    if not os.path.exists(real):
+        raise NarrowingError(field, f"{field} {path!r} does not exist (resolved to {real})")
+    return real
+
+
+def _narrow_paths(
+    ceiling: CapabilityDeclaration, narrowing: Narrowing, denied: Iterable[str], cwd: str
+) -> dict[str, object]:
+    limits = _Ceiling(ceiling, denied)
+    read: list[str] = []
+    write: list[str] = []
+    gated: list[tuple[_TableRoot, str, str]] = []  # (root, path, "ro" | "rw")
+
+    for text in narrowing.allow_write:
+        path = _resolve(text, cwd, "allow_write")
+        root = limits.table_root(path)
+        if root is not None and root.config.mode != "rw":
+            raise NarrowingError("allow_write", f"allow_write {text!r} is in the read-only root "
+                                 f"{root.host} of the session policy's path table")
+        if root is not None and root.gated:
+            gated.append((root, path, "rw"))
+            continue
+        why = None if root is not None else limits.fs_writable(path)
+        if why is not None:
+            raise NarrowingError("allow_write", f"allow_write {text!r} ({path}): {why}")
+        write.append(path)
+
+    for text in narrowing.allow_read:
+        path = _resolve(text, cwd, "allow_read")
+        root = limits.table_root(path)
+        if root is not None and root.config.read_approval:
+            gated.append((root, path, "ro"))
+            continue
+        why = None if root is not None else limits.fs_readable(path)
+        if why is not None:
+            raise NarrowingError("allow_read", f"allow_read {text!r} ({path}): {why}")
+        read.append(path)
+
+    write = _outermost(write)
+    read = [p for p in _outermost(read) if not any(is_within(p, w) for w in write)]
+    filesystem = FilesystemConfig(
+        mode=FilesystemMode.read_write if write else FilesystemMode.read_only,
+        writable_paths=write,
+        readable_paths=read,
+    )
+    return {"filesystem_config": filesystem, "root": None, "paths": _gated_table(gated)}
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """Paths in order, without repeats and without any that another one holds."""
+    unique = list(dict.fromkeys(paths))
+    return [p for p in unique if not any(q != p and is_within(p, q) for q in unique)]
+
+
+def _gated_table(gated: list[tuple[_TableRoot, str, str]]) -> dict[str, PathConfig] | None:
+    """Approval-gated roots re-rooted at the named paths, keeping their approvals and limits.
+
+    Roots of a table may not overlap, so a path inside another named one is dropped when the
+    outer one covers it (a write covers reads), and a write inside a named read is refused.
+    """
+    if not gated:
+        return None
+    kept: list[tuple[_TableRoot, str, str]] = []
+    for root, path, mode in sorted(gated, key=lambda g: (g[2] != "rw", len(g[1]))):
+        if any(is_within(path, other) for _, other, _ in kept):
+            continue
+        inner = next((other for _, other, _ in kept if is_within(other, path)), None)
+        if inner is not None:
+            raise NarrowingError("allow_read", f"allow_read {path} holds allow_write {inner}, "
+                                 "both in one approval-gated root; name only the write")
+        kept.append((root, path, mode))
+    table: dict[str, PathConfig] = {}
+    for root, path, mode in kept:
+        name = root.name or "root"
+        label, count = name, 2
+        while label in table:
+            label, count = f"{name}-{count}", count + 1
+        table[label] = root.config.model_copy(update={"root": path, "mode": mode})
+    return table

@@ -1,0 +1,542 @@
+"""`%%sandbox` and `%sandbox` in a real kernel driven through jupyter_client.
+
+Every case runs cells the way a frontend does and reads the answers off iopub: streamed
+text, the error a cell ends with, widget state. Folders handed to sandboxes live under /tmp
+and are open to uid 65534, the user sandboxed children run as when the kernel is root.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import LIVENESS, KernelSession
+
+EXTENSION = "sandbox_kernel_ext.notebook"
+MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unloaded_at_the_end(kernel_session: KernelSession) -> Iterator[None]:
+    """The kernel is killed at the end of the module: unload first, so nothing is left."""
+    yield
+    kernel_session.settle()
+    kernel_session.run(f"%unload_ext {EXTENSION}")
+
+
+@pytest.fixture
+def k(kernel: KernelSession) -> KernelSession:
+    """The module's kernel with the extension loaded and the settings at their defaults."""
+    kernel.run(f"%load_ext {EXTENSION}\n%config SandboxMagics.policy = ''")
+    return kernel
+
+
+def cell(k: KernelSession, code: str, *, timeout: float = LIVENESS) -> str:
+    msg_id = k.execute(textwrap.dedent(code).lstrip("\n"))
+    k.wait_idle(msg_id, timeout)
+    return msg_id
+
+
+def error_line(k: KernelSession, msg_id: str) -> str:
+    """`ename: evalue` of the cell's error; IPython's UsageError arrives as stderr text."""
+    error = k.error(msg_id)
+    if error is not None:
+        return f"{error['ename']}: {error['evalue']}"
+    usage = [line for line in k.text(msg_id, "stderr").splitlines()
+             if line.startswith("UsageError")]
+    assert usage, f"cell did not fail; output: {k.text(msg_id)!r}"
+    return usage[0]
+
+
+def value(k: KernelSession, expression: str) -> object:
+    msg_id = k.run(f"import json as _json; print(_json.dumps({expression}))")
+    return json.loads(k.text(msg_id, "stdout").strip().splitlines()[-1])
+
+
+def write_policy(folder: Path, text: str) -> Path:
+    path = folder / "policy.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def rw_policy(folder: Path, extra: str = "") -> Path:
+    """A policy that reads and writes `folder` and nothing else of the host's files."""
+    return write_policy(folder, f"""
+        filesystem_config:
+          mode: read_write
+          writable_paths: [{folder}]
+          readable_paths: []
+        {extra}""")
+
+
+# -- load and unload --------------------------------------------------------------------------
+
+def test_unload_removes_the_magics_and_stops_the_launcher(k: KernelSession) -> None:
+    k.run("%%sandbox --quiet\nprint('warm')")
+    launcher = value(k, f"{MAGICS}.manager.launcher_pid")
+    assert isinstance(launcher, int) and psutil.pid_exists(launcher)
+    workspace = value(k, f"{MAGICS}.workspace")
+    try:
+        k.run(f"%unload_ext {EXTENSION}")
+        assert not _alive(launcher)
+        assert not Path(str(workspace)).exists()
+        gone = cell(k, "%%sandbox\nprint('x')")
+        assert "sandbox" in error_line(k, gone) and "not found" in error_line(k, gone)
+        assert value(k, "[type(c).__name__ for c in get_ipython().configurables]").count(
+            "SandboxMagics") == 0
+    finally:
+        k.run(f"%load_ext {EXTENSION}")
+    assert "reloaded" in k.text(k.run("%%sandbox --quiet\nprint('reloaded')"))
+
+
+def test_loading_twice_registers_once(k: KernelSession) -> None:
+    k.run(f"%reload_ext {EXTENSION}")
+    names = value(k, "[type(c).__name__ for c in get_ipython().configurables]")
+    assert isinstance(names, list) and names.count("SandboxMagics") == 1
+
+
+def test_the_package_itself_is_the_extension(k: KernelSession) -> None:
+    """`%load_ext sandbox_kernel_ext` is what users type."""
+    k.run(f"%unload_ext {EXTENSION}")
+    try:
+        k.run("%load_ext sandbox_kernel_ext")
+        assert "top" in k.text(k.run("%%sandbox --quiet\nprint('top')"))
+        k.run("%unload_ext sandbox_kernel_ext")
+    finally:
+        k.run(f"%load_ext {EXTENSION}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# -- running a cell ---------------------------------------------------------------------------
+
+def test_output_streams_while_the_cell_runs(k: KernelSession, shared_dir: Path) -> None:
+    policy = rw_policy(shared_dir)
+    go = shared_dir / "go"
+    msg_id = k.execute(textwrap.dedent(f"""\
+        %%sandbox --quiet --policy {policy}
+        import os, time
+        print('one', flush=True)
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+        print('two')
+        """))
+    first = k.next_output(msg_id)
+    while first["msg_type"] != "stream":
+        first = k.next_output(msg_id)
+    assert first["content"]["text"] == "one\n"
+    assert msg_id not in k._idle  # still running: the text came live
+    go.touch()
+    k.wait_idle(msg_id)
+    assert k.text(msg_id, "stdout") == "one\ntwo\n" and k.error(msg_id) is None
+
+
+def test_a_denied_read_fails_with_the_path(k: KernelSession, shared_dir: Path) -> None:
+    secret = shared_dir / "secret.txt"
+    secret.write_text("hidden")
+    msg_id = cell(k, f"%%sandbox --quiet\nprint(open({str(secret)!r}).read())")
+    line = error_line(k, msg_id)
+    assert line.startswith("SandboxCellError: sandboxed cell failed (exit code 1): PermissionError")
+    assert str(secret) in line
+    error = k.error(msg_id)
+    assert error is not None and len(error["traceback"]) == 1  # one line, no kernel frames
+    assert "hidden" not in k.text(msg_id)
+    assert "Traceback" in k.text(msg_id, "stderr")  # the child's own traceback, streamed
+
+
+def test_variables_in_and_out(k: KernelSession) -> None:
+    k.run("numbers = [1, 2, 3]\nlabel = 'sum'\nblob = b'\\x00\\x01'")
+    k.run("""%%sandbox --quiet -i numbers,label -i blob -o result size
+result = {label: sum(numbers), 'blob': blob + b'!'}
+size = len(numbers)
+""")
+    assert value(k, "[result['sum'], result['blob'].hex(), size]") == [6, "000121", 3]
+
+
+def test_output_variables_must_be_json_safe(k: KernelSession) -> None:
+    k.run("untouched = 'before'")
+    msg_id = cell(k, "%%sandbox --quiet -o untouched\nuntouched = {1, 2}")
+    assert "output variable 'untouched' is a set" in error_line(k, msg_id)
+    assert value(k, "untouched") == "before"
+
+
+def test_missing_input_variable_is_a_usage_error(k: KernelSession) -> None:
+    msg_id = cell(k, "%%sandbox -i no_such_name\npass")
+    assert error_line(k, msg_id) == "UsageError: -i/--input: no kernel variable named no_such_name"
+
+
+def test_out_and_err_capture_instead_of_printing(k: KernelSession) -> None:
+    msg_id = k.run("""%%sandbox --quiet --out so --err se
+import sys
+print('to stdout')
+print('to stderr', file=sys.stderr)
+""")
+    assert k.text(msg_id) == ""
+    assert value(k, "[so, se]") == ["to stdout\n", "to stderr\n"]
+
+
+def test_no_raise_error_keeps_the_cell_green(k: KernelSession) -> None:
+    msg_id = k.run("%%sandbox --quiet --no-raise-error\nimport sys\nprint('bad', file=sys.stderr)"
+                   "\nsys.exit(3)")
+    assert "bad" in k.text(msg_id, "stderr")
+    assert value(k, f"{MAGICS}.last_result.exit_code") == 3
+
+
+def test_timeout_kills_with_the_reason(k: KernelSession) -> None:
+    msg_id = cell(k, "%%sandbox --quiet --timeout 1\nimport time\ntime.sleep(60)",
+                  timeout=LIVENESS * 3)
+    assert error_line(k, msg_id) == "SandboxCellError: sandboxed cell killed: timeout after 1 s"
+
+
+def test_memory_limit_kills_with_the_reason(k: KernelSession) -> None:
+    msg_id = cell(k, """%%sandbox --quiet --memory 100 --timeout 30
+import time
+hog = b'x' * (150 * 1024 * 1024)
+time.sleep(60)
+""", timeout=LIVENESS * 5)
+    line = error_line(k, msg_id)
+    assert line.startswith("SandboxCellError: sandboxed cell killed: Memory limit exceeded")
+    assert line.endswith("limit is 100 MB")
+
+
+def test_interrupt_kills_the_whole_tree(k: KernelSession) -> None:
+    marker = "424242"
+    msg_id = k.execute(f"%%sandbox --quiet --shell\nsleep {marker} &\necho ready\nwait")
+    k.wait_for(lambda m: "ready" in k.text(msg_id), "the script to start")
+    k.manager.interrupt_kernel()
+    k.wait_idle(msg_id)
+    assert error_line(k, msg_id).startswith("SandboxCellError: interrupted")
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] and p.info["cmdline"][-1:] == [marker]]
+    assert "after" in k.text(k.run("%%sandbox --quiet\nprint('after')"))  # still usable
+
+
+# -- narrowing --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ("--memory 4096", "--memory: max_memory_mb 4096 MB is above the session policy's "
+                          "ceiling of 512 MB"),
+        ("--cpu 31", "--cpu: max_cpu_seconds 31 s is above the session policy's ceiling of 30 s"),
+        ("--timeout 61", "--timeout: timeout 61 s is above the session policy's ceiling of 60 s"),
+        ("--allow-write /tmp", "--allow-write: allow_write '/tmp' (/tmp): it is outside what the "
+                               "session policy lets a sandbox write"),
+        ("--allow-read /usr", "--allow-read: allow_read '/usr' (/usr): it is outside what"),
+        ("--allow-net example.com", "--allow-net: allow_net 'example.com' is not allowed by the "
+                                    "session policy (it allows: no network at all)"),
+        ("--memory lots", "argument --memory: invalid int value: 'lots'"),
+        ("--bogus", "unrecognized arguments: --bogus"),
+    ],
+)
+def test_asking_beyond_the_policy_is_a_usage_error(k: KernelSession, options: str,
+                                                   words: str) -> None:
+    msg_id = cell(k, f"%%sandbox {options}\nprint('ran')")
+    line = error_line(k, msg_id)
+    assert line.startswith("UsageError") and words in line
+    assert "ran" not in k.text(msg_id, "stdout")
+
+
+def test_narrowing_within_the_policy_applies(k: KernelSession, shared_dir: Path) -> None:
+    (shared_dir / "out").mkdir()
+    (shared_dir / "out").chmod(0o777)
+    policy = rw_policy(shared_dir)
+    k.run(f"%config SandboxMagics.policy = {str(policy)!r}")
+    msg_id = cell(k, f"""%%sandbox --quiet --allow-write {shared_dir / 'out'}
+open({str(shared_dir / 'out' / 'ok.txt')!r}, 'w').write('ok')
+open({str(shared_dir / 'no.txt')!r}, 'w').write('no')
+""")
+    assert (shared_dir / "out" / "ok.txt").read_text() == "ok"
+    assert not (shared_dir / "no.txt").exists()
+    assert "PermissionError" in error_line(k, msg_id)
+
+
+def test_one_sandbox_per_effective_policy(k: KernelSession) -> None:
+    k.run("%%sandbox --quiet\npass")
+    k.run("%%sandbox --quiet\npass")
+    assert value(k, f"[s['runs'] for s in {MAGICS}.manager.list_sandboxes()]") == [2]
+    k.run("%%sandbox --quiet --memory 100\npass")
+    assert value(k, f"[s['runs'] for s in {MAGICS}.manager.list_sandboxes()]") == [1]
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+def test_config_policy_governs_the_cells(k: KernelSession, shared_dir: Path) -> None:
+    (shared_dir / "data.txt").write_text("from the policy's folder")
+    policy = rw_policy(shared_dir, "resource_limits: {max_memory_mb: 200}")
+    k.run(f"%config SandboxMagics.policy = {str(policy)!r}")
+    assert "from the policy's folder" in k.text(
+        k.run(f"%%sandbox --quiet\nprint(open({str(shared_dir / 'data.txt')!r}).read())"))
+    msg_id = cell(k, "%%sandbox --memory 300\npass")
+    assert "ceiling of 200 MB" in error_line(k, msg_id)
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("policy = '/nonexistent/policy.yaml'", "policy file does not exist"),
+        ("headless_decision = 'allow_session'", "headless_decision"),
+        ("approval_timeout = -1", "must be a positive number of seconds"),
+        ("gauge_interval = 0", "must be a positive number of seconds"),
+    ],
+)
+def test_invalid_settings_are_refused(k: KernelSession, setting: str, words: str) -> None:
+    before = value(k, f"[{MAGICS}.headless_decision, {MAGICS}.approval_timeout]")
+    try:
+        msg_id = k.run(f"%config SandboxMagics.{setting}")  # %config prints the TraitError
+    finally:  # %config also stores the bad value in the shell's config: a reload would fail
+        k.run("get_ipython().config.SandboxMagics.clear()")
+    assert words in k.text(msg_id) and "TraitError" not in error_line_or_none(k, msg_id)
+    assert value(k, f"[{MAGICS}.headless_decision, {MAGICS}.approval_timeout]") == before
+
+
+def test_a_bad_profile_setting_fails_the_load_clearly(k: KernelSession) -> None:
+    k.run(f"%unload_ext {EXTENSION}")
+    try:
+        k.run("get_ipython().config.SandboxMagics.gauge_interval = -2.0")
+        msg_id = cell(k, f"%load_ext {EXTENSION}")
+        assert error_line(k, msg_id) == ("TraitError: SandboxMagics.gauge_interval must be a "
+                                         "positive number of seconds, got -2.0")
+        assert value(k, "[type(c).__name__ for c in get_ipython().configurables]").count(
+            "SandboxMagics") == 0
+    finally:
+        k.run("get_ipython().config.SandboxMagics.clear()")
+        k.run(f"%load_ext {EXTENSION}")
+
+
+def error_line_or_none(k: KernelSession, msg_id: str) -> str:
+    error = k.error(msg_id)
+    return "" if error is None else error["ename"]
+
+
+def test_bad_policy_file_names_the_line(k: KernelSession, shared_dir: Path) -> None:
+    policy = write_policy(shared_dir, "resource_limits:\n  max_memroy_mb: 5\n")
+    msg_id = cell(k, f"%%sandbox --policy {policy}\npass")
+    line = error_line(k, msg_id)
+    assert f"--policy: {policy}, line 2, field 'resource_limits.max_memroy_mb'" in line
+
+
+def test_policy_override_can_be_locked(k: KernelSession, shared_dir: Path) -> None:
+    k.run("%config SandboxMagics.allow_policy_override = False")
+    try:
+        msg_id = cell(k, f"%%sandbox --policy {rw_policy(shared_dir)}\npass")
+        assert "does not let a cell choose its policy" in error_line(k, msg_id)
+    finally:
+        k.run("%config SandboxMagics.allow_policy_override = True")
+
+
+def test_question_mark_documents_every_option(k: KernelSession) -> None:
+    """`%%sandbox?` pages the argparse help, as for IPython's own magics."""
+    msg_id = cell(k, "%%sandbox?")
+    reply = k.client.get_shell_msg(timeout=LIVENESS)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = k.client.get_shell_msg(timeout=LIVENESS)
+    page = reply["content"]["payload"][0]["data"]["text/plain"]
+    assert "%%sandbox [--policy FILE]" in page
+    for option in ("--policy", "--timeout", "--memory", "--cpu", "--allow-read", "--allow-write",
+                   "--allow-net", "--input", "--output", "--shell", "--out", "--err",
+                   "--no-raise-error", "--quiet"):
+        assert option in page
+
+
+# -- %sandbox ---------------------------------------------------------------------------------
+
+def test_status_lists_the_layers(k: KernelSession) -> None:
+    msg_id = k.run("%sandbox status")
+    result = [m for m in k.outputs(msg_id) if m["msg_type"] == "execute_result"][0]
+    text, page = result["content"]["data"]["text/plain"], result["content"]["data"]["text/html"]
+    assert "landlock" in text and "seccomp" in text and "<table>" in page
+
+
+def test_policy_shows_the_session_policy(k: KernelSession, shared_dir: Path) -> None:
+    text = k.text(k.run("%sandbox policy"))
+    assert "built-in default (workspace /tmp/" in text and "network_egress_rules: []" in text
+    policy = rw_policy(shared_dir)
+    k.run(f"%config SandboxMagics.policy = {str(policy)!r}")
+    text = k.text(k.run("%sandbox policy"))
+    assert f"# Session policy: {policy}" in text and str(shared_dir) in text
+
+
+def test_list_shows_the_sandbox(k: KernelSession) -> None:
+    k.run("%%sandbox --quiet\npass")
+    msg_id = k.run("%sandbox list")
+    text = [m for m in k.outputs(msg_id) if m["msg_type"] == "execute_result"][0]
+    assert "stopped" in text["content"]["data"]["text/plain"]
+    assert "built-in default" in text["content"]["data"]["text/plain"]
+
+
+def test_log_and_reset_cover_the_in_kernel_toolset(k: KernelSession, shared_dir: Path) -> None:
+    policy = write_policy(shared_dir, f"""
+        paths:
+          notes: {{root: {shared_dir}, mode: rw, write_approval: true}}
+        """)
+    k.run(textwrap.dedent(f"""
+        from sandbox_kernel_ext import CapabilityParser, CallbackResponder, Decision
+        from sandbox_kernel_ext.notebook import session_broker, session_toolset
+        tools = session_toolset(CapabilityParser.from_file({str(policy)!r}))
+        assert tools.broker is session_broker()
+        saved = session_broker().responder
+        session_broker().responder = CallbackResponder(lambda r: Decision.allow_session,
+                                                       name='test')
+        try:
+            tools.write('/notes/a.txt', 'hello')
+        finally:
+            session_broker().responder = saved
+        """))
+    assert (shared_dir / "a.txt").read_text() == "hello"
+    msg_id = k.run("%sandbox log")
+    text = [m for m in k.outputs(msg_id) if m["msg_type"] == "execute_result"][0]
+    assert "approval" in text["content"]["data"]["text/plain"]
+    assert "/notes/a.txt" in text["content"]["data"]["text/plain"]
+    assert "allow_session" in text["content"]["data"]["text/html"]
+    assert "Forgot 1 session approval" in k.text(k.run("%sandbox reset"))
+    assert value(k, "len(session_broker().grants)") == 0
+
+
+def test_unknown_subcommand_lists_the_valid_ones(k: KernelSession) -> None:
+    msg_id = cell(k, "%sandbox frobnicate")
+    assert "status, policy, list, log, reset" in error_line(k, msg_id)
+
+
+# -- shell ------------------------------------------------------------------------------------
+
+def test_shell_cells_stream_and_fail_clearly(k: KernelSession) -> None:
+    msg_id = k.run("%%sandbox --quiet --shell\necho out\necho err >&2")
+    assert k.text(msg_id, "stdout") == "out\n" and k.text(msg_id, "stderr") == "err\n"
+    msg_id = cell(k, "%%sandbox --quiet --shell\nexit 4")
+    assert error_line(k, msg_id) == "SandboxCellError: sandboxed shell script failed (exit code 4)"
+
+
+def test_shell_blacklist_refuses_before_running(k: KernelSession, shared_dir: Path) -> None:
+    victim = shared_dir / "keep.txt"
+    victim.write_text("keep")
+    msg_id = cell(k, f"%%sandbox --quiet --shell --policy {rw_policy(shared_dir)}\n"
+                     f"echo started; env rm {victim}")
+    assert "refused before running: Command 'rm' is blocked" in error_line(k, msg_id)
+    assert victim.exists() and "started" not in k.text(msg_id)
+
+
+# -- gauges -----------------------------------------------------------------------------------
+
+def test_gauges_move_while_running_and_freeze_after(k: KernelSession, shared_dir: Path) -> None:
+    go = shared_dir / "go"
+    msg_id = k.execute(textwrap.dedent(f"""\
+        %%sandbox --policy {rw_policy(shared_dir)}
+        import os, time
+        print('started', flush=True)
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+        """))
+    panel: list[str] = []
+
+    def moving(_msg: object) -> bool:
+        panel[:] = [m for m in k.displayed_models(msg_id)
+                    if k.states.get(m, {}).get("_anywidget_id", "").endswith("GaugePanel")
+                    or "limits" in k.states.get(m, {})]
+        return bool(panel) and bool(k.states[panel[0]].get("readings"))
+
+    k.wait_for(moving, "the gauges to show a reading while the cell runs")
+    assert msg_id not in k._idle and k.states[panel[0]]["outcome"] == ""
+    go.touch()
+    k.wait_idle(msg_id)
+    state = k.states[panel[0]]
+    assert state["outcome"] == "finished" and state["limits"]["memory_mb"] == 512
+    assert state["limits"]["timeout_seconds"] == 60
+
+
+def test_quiet_shows_no_gauges(k: KernelSession) -> None:
+    msg_id = k.run("%%sandbox --quiet\nprint(1)")
+    assert k.displayed_models(msg_id) == []
+
+
+# -- approvals from a sandboxed cell ------------------------------------------------------------
+
+def gated_policy(folder: Path) -> Path:
+    """`folder` as the approval-gated root /notes of the path table, nothing else writable."""
+    return write_policy(folder, f"""
+        filesystem_config: {{mode: read_only, readable_paths: []}}
+        paths:
+          notes: {{root: {folder}, mode: rw, write_approval: true}}
+        """)
+
+
+@pytest.mark.parametrize(("button", "written"), [("Approve", True), ("Deny", False)])
+def test_a_sandboxed_write_waits_for_the_click(k: KernelSession, shared_dir: Path, button: str,
+                                               written: bool) -> None:
+    k.run(f"%config SandboxMagics.policy = {str(gated_policy(shared_dir))!r}\n"
+          "%config SandboxMagics.render_timeout = 60.0")
+    target = shared_dir / "from_cell.txt"
+    try:
+        msg_id = k.execute(f"%%sandbox --quiet\nwith open({str(target)!r}, 'w') as f:\n"
+                           "    f.write('approved')\nprint('after the decision')")
+        root = k.wait_for_widget(msg_id)
+        assert msg_id not in k._idle and not target.exists()  # the child is waiting
+        k.acknowledge_render(root)
+        k.click(root, button)
+        k.wait_idle(msg_id)
+    finally:
+        k.run("%config SandboxMagics.render_timeout = 5.0")
+    if written:
+        assert k.error(msg_id) is None and target.read_text() == "approved"
+        assert "after the decision" in k.text(msg_id, "stdout")
+    else:
+        assert not target.exists()
+        line = error_line(k, msg_id)
+        assert line.startswith("SandboxCellError") and "PermissionError" in line
+    log = [m for m in k.outputs(k.run("%sandbox log")) if m["msg_type"] == "execute_result"]
+    assert "/notes/from_cell.txt" in log[0]["content"]["data"]["text/plain"]
+
+
+def test_headless_kernel_gets_the_headless_decision(k: KernelSession, shared_dir: Path) -> None:
+    """nbclient sends allow_stdin false: nobody can click, so the configured decision applies."""
+    k.run(f"%config SandboxMagics.policy = {str(gated_policy(shared_dir))!r}\n"
+          "%config SandboxMagics.headless_decision = 'allow_once'")
+    target = shared_dir / "headless.txt"
+    try:
+        msg_id = k.execute(f"%%sandbox --quiet\nopen({str(target)!r}, 'w').write('yes')",
+                           allow_stdin=False)
+        k.wait_idle(msg_id)
+    finally:
+        k.run("%config SandboxMagics.headless_decision = 'deny'")
+    assert k.error(msg_id) is None and target.read_text() == "yes"
+
+
+def test_allow_net_narrows_what_the_proxy_lets_through(k: KernelSession, shared_dir: Path) -> None:
+    policy = write_policy(shared_dir, """
+        network_egress_rules:
+          - {domain: a.example, ports: [80]}
+          - {domain: b.example, ports: [80]}
+        filesystem_config: {mode: read_only, readable_paths: []}
+        """)
+    msg_id = k.run(textwrap.dedent(f"""\
+        %%sandbox --quiet --policy {policy} --allow-net a.example
+        import urllib.request, urllib.error
+        try:
+            urllib.request.urlopen('http://b.example/', timeout=10)
+        except urllib.error.HTTPError as exc:
+            print(exc.code, exc.read().decode())
+        """))
+    assert "403" in k.text(msg_id, "stdout")
+    assert "(allowed: a.example:80)" in k.text(msg_id, "stdout")  # b.example is gone
+    log = [m for m in k.outputs(k.run("%sandbox log")) if m["msg_type"] == "execute_result"]
+    rows = [line for line in log[0]["content"]["data"]["text/plain"].splitlines()
+            if "egress" in line]
+    assert any("b.example:80" in row and "denied" in row for row in rows)
+
+
+def test_profile_config_applies_when_loaded(k: KernelSession, shared_dir: Path) -> None:
+    """`c.SandboxMagics.policy = ...` in a profile reaches the magics through the shell."""
+    policy = rw_policy(shared_dir)
+    k.run(f"%unload_ext {EXTENSION}\nget_ipython().config.SandboxMagics.policy = {str(policy)!r}\n"
+          f"%load_ext {EXTENSION}")
+    assert f"# Session policy: {policy}" in k.text(k.run("%sandbox policy"))
