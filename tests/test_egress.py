@@ -441,3 +441,56 @@ def test_rate_limiter_is_thread_safe() -> None:
     assert len(allowed) == threads_count * attempts_each
     assert sum(allowed) == limit
     assert clock.max_inside == 1
+
+
+# --- private_networks: the address ranges a rule lets the egress proxy connect to ------------
+
+
+def test_private_networks_default_to_none_and_are_canonical() -> None:
+    assert NetworkEgressRule(domain="a.com").private_networks == []
+    rule = NetworkEgressRule(
+        domain="a.com", private_networks=["127.0.0.1", " 10.1.2.3/8", "FD00::1/8", "::1"]
+    )
+    assert rule.private_networks == ["127.0.0.1/32", "10.0.0.0/8", "fd00::/8", "::1/128"]
+
+
+@pytest.mark.parametrize("bad", ["localhost", "10.0.0.0/33", "10.0.0.0/8/8", "", "*.x.com", "::g"])
+def test_bad_private_networks_name_the_value(bad: str) -> None:
+    with pytest.raises(ValidationError, match="private_networks entry") as info:
+        NetworkEgressRule(domain="a.com", private_networks=["10.0.0.0/8", bad])
+    assert repr(bad) in str(info.value)
+    assert info.value.errors()[0]["loc"] == ("private_networks", 1)
+
+
+def test_bad_private_networks_in_a_policy_file_name_line_and_field() -> None:
+    from sandbox_kernel_ext.policy.errors import CapabilityParseError
+    from sandbox_kernel_ext.policy.parser import CapabilityParser
+
+    text = (
+        "network_egress_rules:\n"
+        "  - domain: db.internal\n"
+        "    private_networks: [10.0.0.0/8, 10.0.0.0/40]\n"
+    )
+    with pytest.raises(CapabilityParseError) as info:
+        CapabilityParser.from_string(text)
+    message = str(info.value)
+    assert "line 3" in message
+    assert "network_egress_rules[0].private_networks[1]" in message
+    assert "'10.0.0.0/40' is not an IP network" in message
+    ok = CapabilityParser.from_string(text.replace("/40", "/16"))
+    assert ok.network_egress_rules[0].private_networks == ["10.0.0.0/8", "10.0.0.0/16"]
+
+
+def test_policy_files_cannot_reach_the_proxys_resolver_hook() -> None:
+    """The egress proxy's resolver is a constructor argument for tests; a policy that tries
+    to set one (or any unknown field) is refused."""
+    for extra in ("resolver", "hosts", "dns"):
+        with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+            NetworkEgressRule.model_validate({"domain": "a.com", extra: {"a.com": "127.0.0.1"}})
+
+
+def test_private_networks_do_not_change_which_names_match() -> None:
+    rule = NetworkEgressRule(domain="*.internal.test", private_networks=["10.0.0.0/8"])
+    egress = EgressFilter([rule])
+    assert egress.is_allowed("http://db.internal.test/")
+    assert not egress.is_allowed("http://10.1.2.3/")  # a range is not an allowlisted host

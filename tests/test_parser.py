@@ -380,7 +380,7 @@ def test_source_is_used_in_messages() -> None:
 FIELD_NAMES = sorted(
     {
         *CapabilityDeclaration.model_fields,
-        "domain", "ports", "rate_limit_per_min",
+        "domain", "ports", "rate_limit_per_min", "private_networks",
         "mode", "writable_paths", "readable_paths",
         "max_memory_mb", "max_cpu_seconds", "max_cost_usd", "max_tokens",
         "root", "suffixes", "max_file_bytes", "write_approval", "read_approval", "readonly",

@@ -203,3 +203,17 @@ def test_nested_paths_in_one_gated_root(tree: Path) -> None:
     two = narrow(ceiling, Narrowing(allow_write=(inner,), allow_read=(str(sibling),)))
     assert two.paths is not None and {n: c.mode for n, c in two.paths.items()} == {
         "notes": "rw", "notes-2": "ro"}
+
+
+def test_narrowed_rules_keep_only_the_private_ranges_every_covering_rule_names() -> None:
+    from sandbox_kernel_ext.policy.models import NetworkEgressRule
+    from sandbox_kernel_ext.policy.narrowing import narrow_network
+
+    rules = [
+        NetworkEgressRule(domain="localhost", ports=[8000], private_networks=["127.0.0.0/8"]),
+        NetworkEgressRule(domain="*.corp.test", private_networks=["10.0.0.0/8", "127.0.0.0/8"]),
+        NetworkEgressRule(domain="api.corp.test", private_networks=["10.0.0.0/8"]),
+    ]
+    local, api = narrow_network(rules, ["localhost:8000", "api.corp.test"])
+    assert local.private_networks == ["127.0.0.0/8"]
+    assert api.private_networks == ["10.0.0.0/8"]  # 127/8 is named by only one of the two

@@ -137,7 +137,10 @@ def _narrow_destination(rules: Sequence[NetworkEgressRule], text: str) -> Networ
     else:
         ports = sorted({p for rule in covering for p in rule.ports})
     rate = min(rule.rate_limit_per_min for rule in covering)
-    return NetworkEgressRule(domain=domain, ports=ports, rate_limit_per_min=rate)
+    # Private ranges only where every covering rule names them (narrowing never widens).
+    private = sorted(set.intersection(*(set(rule.private_networks) for rule in covering)))
+    return NetworkEgressRule(domain=domain, ports=ports, rate_limit_per_min=rate,
+                             private_networks=private)
 
 
 def _covering(rules: Sequence[NetworkEgressRule], domain: str) -> list[NetworkEgressRule]:
