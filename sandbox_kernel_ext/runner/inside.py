@@ -88,6 +88,7 @@ class _Policy:
         self.readable: list[str] = view.get("readable", [])
         self.writable: list[str] = view.get("writable", [])
         self.denied: list[str] = view.get("denied", [])
+        self.home: str | None = view.get("home")
 
     @staticmethod
     def _within(path: str, folder: str) -> bool:
@@ -115,7 +116,7 @@ class _Policy:
         if found is not None:
             root, virtual = found
             if write and not root["writable"]:
-                writable = [r["virtual"] for r in self.roots if r["writable"]]
+                writable = [f"{r['virtual']} = {r['host']}" for r in self.roots if r["writable"]]
                 return (f"{access} {virtual} denied by the sandbox policy: {root['virtual']} is "
                         f"read-only (writable: {', '.join(writable) or 'nothing'})")
             return None
@@ -123,10 +124,11 @@ class _Policy:
             return (f"{access} {path} denied by the sandbox policy: it holds credentials, which "
                     "no sandbox may read")
         granted = self.writable if write else self.readable + self.writable
-        if any(self._within(path, folder) for folder in granted):
+        if any(self._within(path, folder) for folder in [*granted, *filter(None, [self.home])]):
             return None
-        shown = [r["virtual"] + (" (read-only)" if not r["writable"] else "") for r in self.roots]
-        shown += granted
+        shown = [f"{r['virtual']} = {r['host']}" + ("" if r["writable"] else " (read-only)")
+                 for r in self.roots if r["writable"] or not write]
+        shown += [*granted, "the sandbox's home folder ($HOME)"]
         allowed = ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
         return (f"{access} {path} denied by the sandbox policy: it is outside the "
                 f"{'writable' if write else 'readable'} paths (allowed: {allowed or 'nothing'})")

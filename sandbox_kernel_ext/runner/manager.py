@@ -318,10 +318,13 @@ class SandboxManager:
         opens and for refusals that name the virtual path; the plain grants, for the rest."""
         readable, writable = sandbox.grants or ([], [])
         everywhere = sandbox.capability.filesystem_config.readable_paths is None
+        roots = gated_roots(sandbox.capability)
+        tables = {root.host for root in roots}  # shown by their virtual names instead
         return {
-            "roots": [root.to_json() for root in gated_roots(sandbox.capability)],
-            "readable": ["/"] if everywhere else list(readable),
-            "writable": [sandbox.home, *writable],
+            "roots": [root.to_json() for root in roots],
+            "readable": ["/"] if everywhere else [p for p in readable if p not in tables],
+            "writable": [p for p in writable if p not in tables],
+            "home": sandbox.home,
             "denied": list(sandbox.denied),
         }
 
