@@ -390,7 +390,8 @@ class WidgetResponder:
                 file=sys.stderr,
                 flush=True,
             )
-        return decision.model_copy(update={"reason": f"{decision.reason} ({why_not})"})
+        reason = f"{why_not}; the headless decision is {decision.decision.value}"
+        return decision.model_copy(update={"reason": reason})
 
     def _restore_parent(self, cell: CellParent) -> None:
         """Routed messages made themselves the kernel's default parent; if this cell still

@@ -81,6 +81,7 @@ class Table:
     def text(self) -> str:
         widths = [max([len(c), *(len(r[i]) for r in self.rows)])
                   for i, c in enumerate(self.columns)]
+        widths[-1] = len(self.columns[-1])  # the last column runs on, unpadded
         line = "  ".join
         out = [self.title, line(c.ljust(w) for c, w in zip(self.columns, widths)),
                line("-" * w for w in widths)]
