@@ -7,8 +7,9 @@ that cell's output, acknowledges its render, then measures from sending the Appr
 - "resumed": the buttons' `disabled` update (the asking thread woke up and recorded the
   answer), and
 - "cell output": the cell's own print after the write returned (what a person sees next).
-Three askers: the main thread in a synchronous cell, a background thread while the main
-thread blocks (what `%%sandbox` does), and an async cell through asyncio.to_thread.
+Four askers: a `%%sandbox` cell (the confined child waits; the kernel's control thread asks),
+the main thread in a synchronous cell, a background thread while the main thread blocks, and
+an async cell through asyncio.to_thread.
 Goal from issue 5: under 50 ms. Prints medians; asserts nothing.
 
 Run: `python benchmarks/bench_approval.py [-n 20]`.
@@ -41,7 +42,18 @@ def in_thread(path):
     worker.join()
 """
 
+SANDBOX_SETUP = """
+import os
+os.chmod({root!r}, 0o755)  # a root kernel's sandboxes run as uid 65534
+with open({root!r} + "/policy.yaml", "w") as f:
+    f.write("filesystem_config: {{mode: read_only, readable_paths: []}}\\n"
+            "paths: {{data: {{root: {root}, mode: rw}}}}\\n")
+%load_ext sandbox_kernel_ext
+%config SandboxMagics.policy = {root!r} + "/policy.yaml"
+"""
+
 ASKERS = {
+    "%%sandbox cell": "%%sandbox --quiet\nopen({root!r} + '/{name}', 'w').write('x')",
     "main thread, sync cell": 'tk.write("/data/{name}", "x")',
     "background thread": 'in_thread("/data/{name}")',
     "async cell (to_thread)": 'await asyncio.to_thread(tk.write, "/data/{name}", "x")',
@@ -71,12 +83,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-approval-", dir="/tmp") as root:
         with running_kernel() as k:
             k.run(SETUP % root)
+            k.run(SANDBOX_SETUP.format(root=root))
             for label, template in ASKERS.items():
                 # The first request of the session starts the subshell: not timed.
-                sample(k, template.format(name=f"warm-{len(label)}"))
+                sample(k, template.format(root=root, name=f"warm-{len(label)}"))
                 resumed, printed = [], []
                 for i in range(args.n):
-                    r, p = sample(k, template.format(name=f"{label[:4]}-{i}.txt"))
+                    r, p = sample(k, template.format(root=root, name=f"{label[:4]}-{i}.txt"))
                     resumed.append(r)
                     printed.append(p)
                 print(

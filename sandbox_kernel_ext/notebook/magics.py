@@ -413,7 +413,9 @@ class SandboxMagics(Magics):
             allow_net=tuple(args.allow_net),
         )
         try:
-            policy = narrow(ceiling, request, denied=withheld_from_everywhere())
+            # The credential list walks every home folder: only paths being named need it.
+            denied = withheld_from_everywhere() if args.allow_read or args.allow_write else ()
+            policy = narrow(ceiling, request, denied=denied)
             timeout = self.timeout if args.timeout is None else lower_only(
                 "timeout", args.timeout, self.timeout, " s")
         except NarrowingError as exc:

@@ -437,7 +437,7 @@ class SandboxManager:
             )
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
-            monitor.start(child.pid)
+            monitor.start(child.pid, started_at=started)
             if on_start is not None:
                 on_start(monitor)
             self._pump(child, streams, control, monitor, timeout, sandbox)

@@ -87,10 +87,12 @@ class ResourceMonitor:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def start(self, pid: int | None = None) -> None:
+    def start(self, pid: int | None = None, *, started_at: float | None = None) -> None:
         """Start polling; with `pid`, also sample that process and all its descendants.
 
         A pid that is already gone is not an error: the run may have ended first.
+        `started_at` (a `time.monotonic()` value) is when the elapsed clock began, if
+        earlier than now (a run's timeout counts from the call, spawning included).
         """
         with self._lock:
             if self._thread is not None:
@@ -102,7 +104,7 @@ class ResourceMonitor:
                     logger.debug("process %d is gone before monitoring started", pid)
                 except psutil.AccessDenied:
                     logger.warning("cannot monitor process %d: access denied", pid)
-            self._started_at = time.monotonic()
+            self._started_at = time.monotonic() if started_at is None else started_at
             self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
         self._thread.start()
 
