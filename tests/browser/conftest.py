@@ -164,8 +164,10 @@ def _stop_lab(server: LabServer) -> None:
     psutil.wait_procs(descendants, timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab_server() -> Iterator[LabServer]:
+    """Per test module, so no server is left a child of pytest while other tests (which check
+    that they leave no child process) run."""
     base = Path(tempfile.mkdtemp(prefix="lab-test-"))
     server = _start_lab(base)
     try:
@@ -175,8 +177,10 @@ def lab_server() -> Iterator[LabServer]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context() -> Iterator[Any]:
+    """Per test module: Playwright's sync API keeps an asyncio loop running on this thread
+    while it is open, and tests after the browser ones call `asyncio.run`."""
     assert CHROMIUM.exists(), (
         f"{CHROMIUM} is missing: run `bash scripts/system_deps.sh` (apt-get install chromium)"
     )
@@ -270,7 +274,8 @@ def open_notebook(
         page = browser_context.new_page()
         notebook = NotebookPage(lab_server, page, name)
         opened.append(notebook)
-        page.goto(f"{lab_server.url}/lab/tree/{name}?token={lab_server.token}")
+        # `reset`: a fresh workspace, so no notebook of an earlier test covers this one.
+        page.goto(f"{lab_server.url}/lab/tree/{name}?reset&token={lab_server.token}")
         notebook.cell(len(sources) - 1).locator(".jp-InputArea-editor").wait_for()
         notebook.wait_kernel_idle()
         return notebook
