@@ -14,6 +14,7 @@ import errno
 import mimetypes
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -43,7 +44,7 @@ from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, VirtualPath
 from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend
 from .deadline import Deadline
-from .host_backend import TEMP_SUFFIX, HostBackend, StagedFile
+from .host_backend import TEMP_SUFFIX, HostBackend
 from .results import (
     ChangeResult,
     DirEntry,
@@ -68,17 +69,27 @@ _LOCK_STRIPES = 64
 _stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
 
 
-@dataclass(frozen=True)
+@dataclass
 class StagedWrite:
-    """A write a sandboxed child is making through a descriptor (see `stage_write`)."""
+    """A write a sandboxed child makes through a descriptor (see `stage_write`): an unnamed
+    temporary file, nowhere near the target until `commit_write` copies what was approved."""
 
     vp: VirtualPath
     config: PathConfig
-    staged: StagedFile
+    fd: int
+    exclusive: bool = False
 
-    @property
-    def fd(self) -> int:
-        return self.staged.fd
+    def discard(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _anonymous_file() -> int:
+    """A descriptor of a file with no name (O_TMPFILE where the system has it): nothing is
+    left behind, whoever dies."""
+    with tempfile.TemporaryFile(buffering=0) as unnamed:
+        return os.dup(unnamed.fileno())
 
 
 @dataclass(frozen=True)
@@ -494,9 +505,10 @@ class FileSystemToolset:
 
     def stage_write(self, path: str, *, keep_content: bool = False,
                     exclusive: bool = False) -> StagedWrite:
-        """A temp file the child writes through its descriptor; `commit_write` asks for the
-        approval with what was written, then puts it in place. `keep_content` starts it as a
-        copy of the current file (append and update modes)."""
+        """An unnamed temp file the child writes through its descriptor; `commit_write` asks
+        for the approval with what was written, then puts a copy in place. `keep_content`
+        starts it as a copy of the current file (append and update modes; that is a read,
+        so a `read_approval` root asks for it first)."""
         vp, config = self._prepare(path, "write")
         if self.limits.backend == "store":
             raise FilesystemError(f"Cannot open '{vp}' for a sandboxed process: its root is an "
@@ -504,54 +516,64 @@ class FileSystemToolset:
         old = self._existing_file(vp)
         if exclusive and old is not None:
             raise FilesystemError(f"Cannot create '{vp}': it already exists.")
-        where = self._at(vp, "write")
-        with self._io(vp):
-            staged = where.backend.stage(where.rel, exclusive=exclusive)
+        fd = _anonymous_file()
         try:
             if keep_content and old is not None:
+                self._approve("read", vp, "read", old.size,
+                              f"open for updating, {old.size:,} bytes (its content is read)")
                 f, info = self._open_read(vp)
                 with f:
-                    self._check_size(vp, config, info.size)
+                    self._check_write_size(vp, config, info.size)
                     for chunk in _chunks(f, info.size):
-                        os.write(staged.fd, chunk)
-                os.lseek(staged.fd, 0, os.SEEK_SET)
+                        os.write(fd, chunk)
+                os.lseek(fd, 0, os.SEEK_SET)
         except BaseException:
-            staged.discard()
+            os.close(fd)
             raise
-        return StagedWrite(vp, config, staged)
+        return StagedWrite(vp, config, fd, exclusive)
 
     def commit_write(
         self, write: StagedWrite, *, still_wanted: Callable[[], bool] | None = None
     ) -> WriteResult:
-        """Check, approve (showing the diff) and put a staged file in place; on any refusal
-        it is discarded, so nothing half-written is ever seen at the path. `still_wanted`
-        is asked after the approval (a person may take minutes): False discards."""
-        vp, config, staged = write.vp, write.config, write.staged
+        """Snapshot what the child wrote (it keeps its descriptor, so only a copy it cannot
+        touch is shown, checked and written), ask for the approval with that diff, then write
+        the copy atomically. On any refusal nothing at the path changes. `still_wanted` is
+        asked after the approval (a person may take minutes): False discards."""
+        vp, config = write.vp, write.config
+        snapshot = -1
         try:
-            size = os.fstat(staged.fd).st_size
+            size = os.fstat(write.fd).st_size
             self._check_write_size(vp, config, size)
+            snapshot = _anonymous_file()
+            copied = _copy_at_most(write.fd, snapshot, size)
+            write.discard()
             old = self._existing_file(vp)
-            head = os.pread(staged.fd, min(size, 4 * _PREVIEW_CHARS * 4), 0)
-            summary = self._change_summary(vp, old, head if size == len(head) else head + b"...")
-            self._approve("write", vp, "write", size, summary)
+            head = os.pread(snapshot, min(copied, 4 * _PREVIEW_CHARS * 4), 0)
+            summary = self._change_summary(vp, old, head if copied == len(head) else head + b"...")
+            self._approve("write", vp, "write", copied, summary)
             if still_wanted is not None and not still_wanted():
                 raise FilesystemError(f"Cannot write '{vp}': the writer is gone.")
             with self._path_lock(vp):
                 old = self._existing_file(vp)
                 ledger = self._ledger(vp)
-                delta = size - (old.size if old is not None and old.kind == "file" else 0)
+                delta = copied - (old.size if old is not None and old.kind == "file" else 0)
                 ledger.reserve(delta, self.limits.max_total_bytes, f"Writing '{vp}'")
                 try:
-                    with self._io(vp):
-                        staged.commit()
+                    where = self._at(vp, "write")
+                    with self._io(vp), where.backend.atomic_writer(
+                            where.rel, exclusive=write.exclusive) as out:
+                        for offset in range(0, copied, _CHUNK):
+                            out.write(os.pread(snapshot, min(_CHUNK, copied - offset), offset))
                 except BaseException:
                     ledger.reserve(-delta, None, "")
                     raise
         finally:
-            staged.discard()
+            write.discard()
+            if snapshot >= 0:
+                os.close(snapshot)
         verb = "Created" if old is None else "Overwrote"
-        return WriteResult(path=str(vp), bytes_written=size, created=old is None,
-                           summary=f"{verb} {vp} ({size:,} bytes).")
+        return WriteResult(path=str(vp), bytes_written=copied, created=old is None,
+                           summary=f"{verb} {vp} ({copied:,} bytes).")
 
     def _read_text(self, vp: VirtualPath, config: PathConfig, what: str) -> tuple[str, EntryInfo]:
         """A whole (size-checked) text file, read in chunks under the time budget."""
@@ -851,6 +873,18 @@ def _encode(vp: VirtualPath, content: str | bytes) -> bytes:
 
 def _too_many(message: str, count: int, limit: int) -> QuotaExceededError:
     return QuotaExceededError(message, actual=count, limit=limit)
+
+
+def _copy_at_most(source: int, target: int, size: int) -> int:
+    """Copy the first `size` bytes of `source` (whatever it grew to since) into `target`."""
+    done = 0
+    while done < size:
+        chunk = os.pread(source, min(_CHUNK, size - done), done)
+        if not chunk:
+            break
+        os.write(target, chunk)
+        done += len(chunk)
+    return done
 
 
 def _chunks(f, size: int) -> Iterator[bytes]:

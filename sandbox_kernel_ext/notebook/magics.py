@@ -148,7 +148,8 @@ class SandboxMagics(Magics):
         "default: no network, and one fresh writable workspace folder as the only file access",
     ).tag(config=True)
     allow_policy_override = Bool(
-        True, help="Whether a cell may name its own policy file with --policy",
+        False, help="Whether a cell may name its own policy file with --policy (which then "
+        "replaces the session's policy as the ceiling; off, so that cells only narrow)",
     ).tag(config=True)
     headless_decision = Enum(
         ["allow_once", "deny"], default_value="deny",

@@ -227,6 +227,8 @@ class EgressFilter:
 
     When several rules match, the most specific wins (exact host over wildcard, longer
     wildcard over shorter, then the earlier rule), and its rate limit is the one charged.
+    A rule's window is kept by its destination (domain and ports), so filters sharing one
+    `limiter` (every sandbox of a session) share it: a new sandbox is no fresh allowance.
     """
 
     def __init__(
@@ -234,12 +236,13 @@ class EgressFilter:
         rules: Iterable[NetworkEgressRule],
         *,
         clock: Callable[[], float] = time.monotonic,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._rules = tuple(
             rule if isinstance(rule, NetworkEgressRule) else NetworkEgressRule.model_validate(rule)
             for rule in rules
         )
-        self._limiter = RateLimiter(clock=clock)
+        self._limiter = limiter if limiter is not None else RateLimiter(clock=clock)
 
     @property
     def rules(self) -> tuple[NetworkEgressRule, ...]:
@@ -321,7 +324,8 @@ class EgressFilter:
         rule = decision.rule
         if not decision.allowed or rule is None:
             return decision
-        acquired, retry_after = self._limiter.try_acquire(id(rule), rule.rate_limit_per_min)
+        key = (rule.domain, tuple(sorted(rule.ports)))
+        acquired, retry_after = self._limiter.try_acquire(key, rule.rate_limit_per_min)
         if acquired:
             return decision
         limit = f"{rule.rate_limit_per_min}/min for {_shown_host(rule.domain)}"

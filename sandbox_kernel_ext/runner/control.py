@@ -48,8 +48,7 @@ class ControlChannel:
     pump reads it with the output pipes); requests that may wait for a person run on one
     worker thread in order, so the pump never blocks on an approval.
 
-    `on_usage(tokens, cost)` counts model spend; `on_malformed(reason)` ends the run;
-    `on_waiting(bool)` brackets each wait for a decision (the run's clock pauses then)."""
+    `on_usage(tokens, cost)` counts model spend; `on_malformed(reason)` ends the run."""
 
     def __init__(
         self,
@@ -58,13 +57,11 @@ class ControlChannel:
         *,
         on_usage: Callable[[int, float], None],
         on_malformed: Callable[[str], None],
-        on_waiting: Callable[[bool], None] = lambda waiting: None,
     ) -> None:
         self._sock = sock
         self._files = files
         self._on_usage = on_usage
         self._on_malformed = on_malformed
-        self._on_waiting = on_waiting
         self._buffer = bytearray()
         self._last_id = 0
         self._broken: str | None = None
@@ -180,11 +177,7 @@ class ControlChannel:
         while (frame := self._requests.get()) is not None:
             if self._closed.is_set():
                 continue
-            self._on_waiting(True)
-            try:
-                reply, fd = self._answer(frame)
-            finally:
-                self._on_waiting(False)
+            reply, fd = self._answer(frame)
             try:
                 self._reply(reply, fd)
             finally:

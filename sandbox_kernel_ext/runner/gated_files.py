@@ -14,6 +14,7 @@ import errno
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..policy.models import CapabilityDeclaration
 
 __all__ = ["GatedFiles", "GatedRoot", "gated_roots", "OpenAnswer"]
 
+MAX_STAGED_WRITES = 16  # open at once per run: each holds a descriptor in the kernel
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -67,6 +69,24 @@ def gated_roots(capability: CapabilityDeclaration) -> list[GatedRoot]:
     return roots
 
 
+class _WaitingBroker:
+    """The broker, with `on_waiting` around each question: the run's clock stops only while
+    someone is actually asked, not for answers the policy gives at once."""
+
+    def __init__(self, broker: Any, on_waiting: Callable[[bool], None]) -> None:
+        self._broker, self._on_waiting = broker, on_waiting
+
+    def check(self, request: Any) -> None:
+        self._on_waiting(True)
+        try:
+            self._broker.check(request)
+        finally:
+            self._on_waiting(False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._broker, name)
+
+
 @dataclass
 class OpenAnswer:
     """A granted open: the descriptor to hand over and, for writes, the handle to commit."""
@@ -79,10 +99,12 @@ class GatedFiles:
     """Opens approval-gated files for one sandbox. Thread-safe; `close()` discards every
     staged write not yet committed (a killed or finished run leaves nothing half-written)."""
 
-    def __init__(self, capability: CapabilityDeclaration, broker: Any, source: str) -> None:
+    def __init__(self, capability: CapabilityDeclaration, broker: Any, source: str, *,
+                 on_waiting: Callable[[bool], None] = lambda waiting: None) -> None:
         self.roots = gated_roots(capability)
         self._toolset = (
-            FileSystemToolset.from_policy(capability, id=source, broker=broker)
+            FileSystemToolset.from_policy(capability, id=source,
+                                          broker=_WaitingBroker(broker, on_waiting))
             if self.roots else None
         )
         self._lock = threading.Lock()
@@ -123,10 +145,15 @@ class GatedFiles:
             raise PermissionError(errno.EACCES, str(exc), virtual) from None
         handle = secrets.token_hex(16)
         with self._lock:
-            if self._closed:
-                staged.staged.discard()
-                raise PermissionError(errno.EACCES, "the run has ended", virtual)
-            self._staged[handle] = staged
+            refusal = ("the run has ended" if self._closed else
+                       f"more than {MAX_STAGED_WRITES} approval-gated files open for writing "
+                       "at once; close some first" if len(self._staged) >= MAX_STAGED_WRITES
+                       else None)
+            if refusal is None:
+                self._staged[handle] = staged
+        if refusal is not None:
+            staged.discard()
+            raise OSError(errno.EMFILE, refusal, virtual)
         try:
             return OpenAnswer(os.dup(staged.fd), handle)
         except BaseException:
@@ -151,7 +178,7 @@ class GatedFiles:
         with self._lock:
             staged = self._staged.pop(handle, None)
         if staged is not None:
-            staged.staged.discard()
+            staged.discard()
 
     def knows(self, handle: str) -> bool:
         with self._lock:
@@ -162,4 +189,6 @@ class GatedFiles:
             self._closed = True
             staged, self._staged = list(self._staged.values()), {}
         for write in staged:
-            write.staged.discard()
+            write.discard()
+        if self._toolset is not None:
+            self._toolset.close()  # its root descriptors, now rather than at garbage collection

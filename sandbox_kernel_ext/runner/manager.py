@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..approval.broker import ApprovalBroker
-from ..policy.egress import EgressFilter
+from ..policy.egress import EgressFilter, RateLimiter
 from ..policy.errors import SandboxError
 from ..policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from .control import ControlChannel
@@ -52,6 +52,7 @@ OutputCallback = Callable[[str, str], None]  # (stream name "stdout"/"stderr", t
 StartCallback = Callable[[ResourceMonitor], None]
 _READ_CHUNK = 65536
 EGRESS_LOG_LIMIT = 1000  # decisions kept per sandbox (counts are kept in full)
+DEFAULT_MAX_PAUSED = 600.0  # when the broker waits for ever: the most a run's clock stops
 _HANDOFF_TIMEOUT = 30.0  # for the child to hand over its proxy listener
 
 
@@ -135,6 +136,7 @@ class SandboxManager:
         self.child_uid = (child_uid if child_uid is not None else NOBODY_UID) if self._is_root else None
         self.broker = broker if broker is not None else ApprovalBroker()  # headless: deny
         self._egress_resolver = egress_resolver
+        self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
 
     # -- lifecycle -------------------------------------------------------------------------------
     def create_sandbox(self, capability: CapabilityDeclaration) -> str:
@@ -422,18 +424,22 @@ class SandboxManager:
         monitor = ResourceMonitor(
             limits, interval=self.monitor_interval, timeout=timeout,
             on_breach=lambda reason: self._breach(sandbox, child, reason),
+            # Waiting for people stretches a run's deadline by one approval timeout at most.
+            max_paused=self.broker.timeout or DEFAULT_MAX_PAUSED,
         )
         sandbox.monitor = monitor
         streams = {out_r: _Stream("stdout", cap, on_output), err_r: _Stream("stderr", cap, on_output)}
         control = None
         if control_sock is not None:
-            control = ControlChannel(
-                control_sock,
-                GatedFiles(sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}"),
-                on_usage=lambda tokens, cost: self._usage(monitor, tokens, cost),
-                on_malformed=lambda reason: self._breach(sandbox, child, reason),
+            files = GatedFiles(
+                sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}",
                 on_waiting=lambda waiting: (monitor.pause_clock() if waiting
                                             else monitor.resume_clock()),
+            )
+            control = ControlChannel(
+                control_sock, files,
+                on_usage=lambda tokens, cost: self._usage(monitor, tokens, cost),
+                on_malformed=lambda reason: self._breach(sandbox, child, reason),
             )
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
@@ -475,7 +481,8 @@ class SandboxManager:
         with self._lock:
             if sandbox.proxy is None:
                 sandbox.proxy = EgressProxy(
-                    EgressFilter(sandbox.capability.network_egress_rules),
+                    EgressFilter(sandbox.capability.network_egress_rules,
+                                 limiter=self._rate_limiter),
                     sandbox_id=sandbox.sandbox_id, on_decision=sandbox.egress_log.append,
                     resolver=self._egress_resolver,
                 )

@@ -48,6 +48,7 @@ class ResourceMonitor:
         interval: float = 0.25,
         on_breach: Callable[[str], None] | None = None,
         timeout: float | None = None,
+        max_paused: float | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
@@ -69,7 +70,8 @@ class ResourceMonitor:
 
         self._started_at = time.monotonic()
         self._stopped_at: float | None = None
-        self._paused_seconds = 0.0  # time spent waiting for a person does not count
+        self._paused_seconds = 0.0  # time spent waiting for a person does not count...
+        self._max_paused = max_paused  # ...up to this much in all
         self._paused_since: float | None = None
         self._pauses = 0
         self._cpu_seconds = 0.0
@@ -208,6 +210,8 @@ class ResourceMonitor:
         paused = self._paused_seconds
         if self._paused_since is not None:
             paused += max(0.0, end - self._paused_since)
+        if self._max_paused is not None:
+            paused = min(paused, self._max_paused)
         return max(0.0, end - self._started_at - paused)
 
     def _snapshot_locked(self) -> dict[str, Any]:

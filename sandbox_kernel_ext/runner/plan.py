@@ -92,13 +92,16 @@ def filesystem_grants(
 
     Seed 003's `filesystem_config` and the seed-000 path table both count: a table root with
     mode `rw` and no `write_approval` is writable, `ro` (or `rw` behind an approval) readable,
-    and a `read_approval` root is not reachable from a sandboxed process at all, since nobody
-    can be asked from inside it yet. `denied` is the credential list (computed when None).
+    and a `read_approval` root is not reachable from a sandboxed process at all: its cell asks
+    the kernel, which opens the file after a yes. "Read everywhere" leaves gated roots out, and
+    a plain grant around or inside one is refused. `denied` is the credential list (computed when None).
     """
     base = str(capability.base_path)
     config = capability.filesystem_config
     readable: list[str] = []
     writable: list[str] = []
+    table = capability.sandbox_config()
+    ask_to_read, ask_to_write = approval_roots(capability)
     if config.mode is not FilesystemMode.none:
         if config.mode is FilesystemMode.read_write:
             if not config.writable_paths:
@@ -109,10 +112,12 @@ def filesystem_grants(
             writable += _real_paths(config.writable_paths, base, "writable path")
         if config.readable_paths is None:
             denied = tuple(denied_reads()) if denied is None else denied
-            readable += list(_everywhere_read_set(denied))
+            readable += list(_everywhere_read_set((*denied, *ask_to_read)))
         else:
             readable += _real_paths(config.readable_paths, base, "readable path")
-    table = capability.sandbox_config()
+    _refuse_overlap(readable, ask_to_read, "readable path", "read_approval")
+    _refuse_overlap(writable, ask_to_write, "writable path",
+                    "read_approval, write_approval or mode ro")
     if table is not None:
         if table.root is not None:
             root = _real_paths([str(table.root.root)], base, "root")[0]
@@ -126,6 +131,37 @@ def filesystem_grants(
             else:
                 readable.append(root)
     return readable, writable
+
+
+def approval_roots(capability: CapabilityDeclaration) -> tuple[list[str], list[str]]:
+    """(roots whose reads, roots whose writes a person decides) as real host paths. The
+    kernel's rules must leave these out, or the approval would be only a Python hook: a cell
+    asks the kernel, which opens the file for it after a yes."""
+    table = capability.sandbox_config()
+    ask_to_read: list[str] = []
+    ask_to_write: list[str] = []
+    if table is None or table.root is not None:
+        return ask_to_read, ask_to_write
+    base = str(capability.base_path)
+    for name, entry in (table.paths or {}).items():
+        root = _real_paths([entry.root], base, f"paths.{name}.root")[0]
+        if entry.read_approval:
+            ask_to_read.append(root)
+        if entry.read_approval or entry.write_approval or entry.mode != "rw":
+            ask_to_write.append(root)
+    return ask_to_read, ask_to_write
+
+
+def _refuse_overlap(granted: list[str], gated: list[str], what: str, why: str) -> None:
+    """A plain grant holding (or inside) a root the table gates would open it without asking."""
+    for path in granted:
+        for root in gated:
+            if landlock._is_within(path, root) or landlock._is_within(root, path):
+                raise SandboxError(
+                    f"{what} {path} overlaps the table root {root}, which has {why}: the "
+                    "sandbox could reach it without a person's yes. Grant folders beside it, "
+                    "not around or inside it"
+                )
 
 
 def child_environment(
@@ -227,6 +263,8 @@ def build_plan(
     workdir = os.path.realpath(cwd) if cwd else (writable[0] if writable else home)
     write_paths = [home, *writable, *landlock.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
+    _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
+                    "the interpreter's or system folder", "read_approval")
     if not any(landlock._is_within(workdir, path) for path in [*read_paths, *write_paths]):
         raise SandboxError(f"working directory {workdir} is not readable under this policy")
     return ChildPlan(

@@ -31,8 +31,10 @@ def unloaded_at_the_end(kernel_session: KernelSession) -> Iterator[None]:
 
 @pytest.fixture
 def k(kernel: KernelSession) -> KernelSession:
-    """The module's kernel with the extension loaded and the settings at their defaults."""
-    kernel.run(f"%load_ext {EXTENSION}\n%config SandboxMagics.policy = ''")
+    """The module's kernel with the extension loaded and the settings at their defaults,
+    except that cells may pick their policy file with --policy (many tests here do)."""
+    kernel.run(f"%load_ext {EXTENSION}\n%config SandboxMagics.policy = ''\n"
+               "%config SandboxMagics.allow_policy_override = True")
     return kernel
 
 
@@ -326,7 +328,14 @@ def test_bad_policy_file_names_the_line(k: KernelSession, shared_dir: Path) -> N
     assert f"--policy: {policy}, line 2, field 'resource_limits.max_memroy_mb'" in line
 
 
-def test_policy_override_can_be_locked(k: KernelSession, shared_dir: Path) -> None:
+def test_a_cell_cannot_choose_its_policy_unless_the_session_allows(
+    k: KernelSession, shared_dir: Path
+) -> None:
+    """Found in review: --policy was allowed by default, so a cell could replace the
+    session's ceiling with any file (even one an earlier sandboxed cell wrote)."""
+    from sandbox_kernel_ext.notebook.magics import SandboxMagics
+
+    assert SandboxMagics.class_traits()["allow_policy_override"].default_value is False
     k.run("%config SandboxMagics.allow_policy_override = False")
     try:
         msg_id = cell(k, f"%%sandbox --policy {rw_policy(shared_dir)}\npass")

@@ -23,6 +23,7 @@ from sandbox_kernel_ext import (
     ApprovalRequest,
     CapabilityDeclaration,
     Decision,
+    SandboxError,
     SandboxManager,
 )
 from sandbox_kernel_ext.files.host_backend import TEMP_SUFFIX
@@ -120,7 +121,7 @@ def test_a_gated_write_waits_for_the_answer_then_lands_whole(gated, person, root
     thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=30))
     request = person.wait_for_question("/data/out.csv")
     assert request.operation == "write" and request.size == 8 and "1,2" in request.summary
-    assert not target.exists() and len(_temp_files(roots / "data")) == 1  # staged, not visible
+    assert os.listdir(roots / "data") == []  # staged elsewhere: nothing here before the yes
     assert gated.status(sid).value == "running"
     person.answer("/data/out.csv", Decision.allow_once)
     thread.join()
@@ -340,3 +341,92 @@ report_usage(cost=2.0)
 time.sleep(60)
 """, timeout=120)
     assert "cost limit exceeded" in (cost.killed or "").lower()
+
+
+def test_a_gated_root_is_out_of_the_kernels_rules_whatever_reads_it(gated, person, roots) -> None:
+    """Found in review: under "read everywhere" (the default) Landlock granted the gated root,
+    so only the Python hook asked. Now the kernel's rules leave it out: cat and a raw libc
+    open get EACCES, and nobody is asked."""
+    sid = gated.create_sandbox(_policy(roots))
+    key = str(roots / "secret" / "key.txt")
+    result = gated.run_python(sid, f"""
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.open({key!r}.encode(), os.O_RDONLY)
+raw = "opened" if fd >= 0 else os.strerror(ctypes.get_errno())
+cat = subprocess.run(["cat", {key!r}], capture_output=True, text=True)
+shell = [cat.returncode, cat.stdout]
+""", outputs=["raw", "shell"])
+    assert result.variables == {"raw": "Permission denied", "shell": [1, ""]}, result.stderr
+    assert person.asked == []
+
+
+@pytest.mark.parametrize("config", [
+    {"mode": "read_only", "readable_paths": ["{base}"]},
+    {"mode": "read_only", "readable_paths": ["{base}/secret/inner"]},
+    {"mode": "read_write", "writable_paths": ["{base}"]},
+    {"mode": "read_write", "writable_paths": ["{base}/data"]},
+])
+def test_plain_grants_around_or_inside_a_gated_root_are_refused(gated, roots, config) -> None:
+    (roots / "secret" / "inner").mkdir()
+    data = _policy(roots).model_dump()
+    data["filesystem_config"] = {
+        key: ([p.format(base=roots) for p in value] if isinstance(value, list) else value)
+        for key, value in config.items()}
+    policy = CapabilityDeclaration.model_validate(data)
+    with pytest.raises(SandboxError, match="overlaps the table root"):
+        gated.create_sandbox(policy)
+
+
+def test_a_committed_write_is_the_approved_snapshot(gated, person, roots) -> None:
+    """Found in review: the child kept a descriptor of the staged file and rewrote it after
+    the approval. Now the kernel copies what the person saw and writes only that."""
+    sid = gated.create_sandbox(_policy(roots))
+    person.answer("/data/out.txt", Decision.allow_once)
+    result = gated.run_python(sid, f"""
+import os
+f = open({str(roots / 'data' / 'out.txt')!r}, "w")
+spare = os.dup(f.fileno())
+f.write("harmless\\n")
+f.close()
+os.pwrite(spare, b"EVIL CONTENT written after approval" * 100, 0)
+""")
+    assert result.exit_code == 0, result.stderr
+    assert (roots / "data" / "out.txt").read_text() == "harmless\n"
+    assert "harmless" in person.asked[0].summary
+
+
+def test_open_staged_writes_are_capped(gated, roots) -> None:
+    """Found in review: each staged write held a descriptor in the kernel, without limit."""
+    sid = gated.create_sandbox(_policy(roots))
+    gated.run_python(sid, "pass")  # the launcher starts (its socket is a descriptor too)
+    before = len(os.listdir("/proc/self/fd"))
+    result = gated.run_python(sid, f"""
+import errno, os
+files = []
+try:
+    for i in range(100):
+        files.append(open({str(roots / 'data')!r} + f"/f{{i}}.txt", "w"))
+except OSError as exc:
+    print(len(files), errno.errorcode[exc.errno], flush=True)
+os._exit(0)  # leave them all uncommitted: the end of the run discards them
+""")
+    assert result.stdout == "16 EMFILE\n", result.stderr
+    assert os.listdir(roots / "data") == []
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_waiting_for_people_stretches_the_timeout_by_one_approval_timeout_at_most(roots) -> None:
+    """Found in review: a cell that keeps asking while nobody answers ran on for ever."""
+    with SandboxManager(broker=ApprovalBroker(Person(), timeout=0.5)) as manager:
+        sid = manager.create_sandbox(_policy(roots))
+        result = manager.run_python(sid, f"""
+for i in range(8):  # 8 unanswered questions: 4 s of waiting
+    try:
+        open({str(roots / 'data')!r} + f"/q{{i}}.txt", "w").close()
+    except PermissionError:
+        pass
+print("asked them all")
+""", timeout=1.0)
+    assert result.killed == "timeout after 1 s" and "asked them all" not in result.stdout
+    assert result.resource_usage["elapsed_seconds"] < result.resource_usage["wall_seconds"]

@@ -126,6 +126,11 @@ out = {{"codes": [fetch("http://limited.test:{web}/")[0] for _ in range(5)]}}
     # The window belongs to the sandbox, not to the run: a new run is still limited.
     again = _run(net_manager, sid, FETCH + f'out = {{"r": fetch("http://limited.test:{web}/")}}')
     assert again["r"][0] == 429
+    # Nor to the sandbox: found in review, a new sandbox (a cell with other options gets one)
+    # came with a fresh allowance. The window belongs to the destination, per manager.
+    other = net_manager.create_sandbox(_policy(web, rules=[rule], resource_limits={"max_cpu_seconds": 5}))
+    fresh = _run(net_manager, other, FETCH + f'out = {{"r": fetch("http://limited.test:{web}/")}}')
+    assert fresh["r"][0] == 429
 
 
 CONNECT = """
