@@ -27,7 +27,6 @@ _channel: _Channel | None = None
 _open = io.open  # the real ones, kept before anything is wrapped
 _os_open = os.open
 _os_close = os.close
-_os_fdopen = os.fdopen
 
 
 class _Channel:

@@ -150,7 +150,7 @@ def connect(target, then=b""):
 
 def test_connect_tunnels_to_an_allowed_port_and_refuses_a_denied_one(net_manager, web) -> None:
     sid = net_manager.create_sandbox(_policy(web))
-    request = f"GET /tunnel HTTP/1.0\\r\\nHost: allowed.test\\r\\n\\r\\n"
+    request = "GET /tunnel HTTP/1.0\\r\\nHost: allowed.test\\r\\n\\r\\n"
     out = _run(net_manager, sid, CONNECT + f"""
 out = {{"ok": connect("allowed.test:{web}", b"{request}"), "port": connect("allowed.test:22")}}
 """)
