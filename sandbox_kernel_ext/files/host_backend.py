@@ -38,7 +38,7 @@ _DIR_LOOKUP = (_O_PATH or os.O_RDONLY) | os.O_DIRECTORY  # only ever used as a d
 _DIR_READ = os.O_RDONLY | os.O_DIRECTORY  # listing, and fsync after a rename
 # O_NONBLOCK: a FIFO planted in the root must not hang a read; cleared once it is a file.
 _FILE_READ = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK
-_TEMP_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 TEMP_SUFFIX = ".sbx-tmp"
 """Temporary files of unfinished writes end with this (they start with a dot)."""
@@ -237,55 +237,6 @@ def _create_temp(dir_fd: int, name: str, replacing: os.stat_result | None) -> tu
     return temp_name, fd
 
 
-class StagedFile:
-    """A temp file beside its target. `commit()` fsyncs it and renames it into place
-    (atomically: readers see the old file or the whole new one); `discard()` removes it.
-    Owns its descriptors; after either call both are closed."""
-
-    def __init__(self, folder_fd: int, temp_name: str, fd: int, name: str, exclusive: bool) -> None:
-        self._folder_fd, self._temp_name, self._fd = folder_fd, temp_name, fd
-        self.name, self.exclusive = name, exclusive
-        self._lock = threading.Lock()
-
-    @property
-    def fd(self) -> int:
-        if self._fd < 0:
-            raise ValueError("the staged file is already committed or discarded")
-        return self._fd
-
-    @property
-    def done(self) -> bool:
-        return self._fd < 0
-
-    def commit(self) -> None:
-        with self._lock:
-            fd = self.fd
-            os.fsync(fd)
-            if self.exclusive:
-                _rename_noreplace(self._folder_fd, self._temp_name, self._folder_fd, self.name)
-            else:
-                os.rename(self._temp_name, self.name, src_dir_fd=self._folder_fd,
-                          dst_dir_fd=self._folder_fd)
-            self._temp_name = ""
-            try:
-                os.fsync(self._folder_fd)
-            finally:
-                self._close()
-
-    def discard(self) -> None:
-        with self._lock:
-            if self._fd < 0:
-                return
-            if self._temp_name:
-                _unlink_quietly(self._folder_fd, self._temp_name)
-            self._close()
-
-    def _close(self) -> None:
-        os.close(self._fd)
-        os.close(self._folder_fd)
-        self._fd = self._folder_fd = -1
-
-
 def _rel_text(rel: Rel) -> str:
     return "/".join(rel) or "."
 
@@ -469,17 +420,6 @@ class HostBackend(FileBackend):
         """Writes a temp file beside the target, then fsyncs it, renames it into place
         and fsyncs the folder. `exclusive` uses renameat2(RENAME_NOREPLACE), so a file
         that appears during the write is not overwritten (FileExistsError)."""
-        staged = self.stage(rel, exclusive=exclusive)
-        try:
-            with open(staged.fd, "wb", closefd=False) as out:
-                yield out  # type: ignore[misc]
-            staged.commit()
-        finally:
-            staged.discard()
-
-    def stage(self, rel: Rel, *, exclusive: bool = False) -> StagedFile:
-        """A temp file beside `rel` that becomes `rel` only on `commit()`: for writers that
-        are not us (a sandboxed child writes through the descriptor, then asks to commit)."""
         validate_rel(rel)
         if not rel:
             raise IsADirectoryError(errno.EISDIR, "the root is a directory", ".")
@@ -489,13 +429,25 @@ class HostBackend(FileBackend):
             refuse_replacing(
                 None if existing is None else kind_of_mode(existing.st_mode), exclusive=exclusive, rel=rel
             )
-            folder_fd = os.dup(parent_fd)
-        try:
-            temp_name, temp_fd = _create_temp(folder_fd, name, existing)
-        except BaseException:
-            os.close(folder_fd)
-            raise
-        return StagedFile(folder_fd, temp_name, temp_fd, name, exclusive)
+            temp_name, temp_fd = _create_temp(parent_fd, name, existing)
+            committed = False
+            try:
+                with open(temp_fd, "wb", closefd=False) as out:
+                    yield out  # type: ignore[misc]
+                os.fsync(temp_fd)
+                os.close(temp_fd)
+                temp_fd = -1
+                if exclusive:
+                    _rename_noreplace(parent_fd, temp_name, parent_fd, name)
+                else:
+                    os.rename(temp_name, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+                committed = True
+                os.fsync(parent_fd)
+            finally:
+                if temp_fd >= 0:
+                    os.close(temp_fd)
+                if not committed:
+                    _unlink_quietly(parent_fd, temp_name)
 
     def delete(self, rel: Rel) -> None:
         validate_rel(rel)
