@@ -100,8 +100,10 @@ class GatedFiles:
     staged write not yet committed (a killed or finished run leaves nothing half-written)."""
 
     def __init__(self, capability: CapabilityDeclaration, broker: Any, source: str, *,
+                 roots: list[GatedRoot] | None = None,
                  on_waiting: Callable[[bool], None] = lambda waiting: None) -> None:
-        self.roots = gated_roots(capability)
+        """`roots`: `gated_roots(capability)`, when the caller already has them."""
+        self.roots = gated_roots(capability) if roots is None else roots
         self._toolset = (
             FileSystemToolset.from_policy(capability, id=source,
                                           broker=_WaitingBroker(broker, on_waiting))

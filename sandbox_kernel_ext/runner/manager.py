@@ -33,7 +33,7 @@ from ..policy.errors import SandboxError
 from ..policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from .control import ControlChannel
 from .egress_proxy import EgressProxy
-from .gated_files import GatedFiles, gated_roots
+from .gated_files import GatedFiles, GatedRoot, gated_roots
 from .isolation import check_tier, missing_layers, network_namespaces
 from .launcher import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
@@ -71,6 +71,7 @@ class _Sandbox:
     last_usage: dict[str, Any] = field(default_factory=dict)
     proxy: EgressProxy | None = None  # when the policy has egress rules and the host can
     network_note: str | None = None  # why a policy's egress rules give no network here
+    gated: tuple[GatedRoot, ...] = ()  # the path table's roots, resolved (pinned) when made
     egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
 
 
@@ -165,7 +166,7 @@ class SandboxManager:
             if self._strict or capability.strict:
                 raise SandboxError("strict mode: " + network_note)
             warnings.warn("sandbox_kernel_ext: " + network_note, UserWarning, stacklevel=2)
-        gated_roots(capability)  # a bad path table fails here, not in the first run
+        gated = tuple(gated_roots(capability))  # a bad path table fails here, not in a run
         sandbox_id = str(uuid.uuid4())
         home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-", dir=_homes_folder())
         if self.child_uid is not None:
@@ -173,7 +174,8 @@ class SandboxManager:
         os.chmod(home, 0o700)
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
-                                                   grants=grants, network_note=network_note)
+                                                   grants=grants, network_note=network_note,
+                                                   gated=gated)
         return sandbox_id
 
     def _check_writable(self, writable: list[str]) -> None:
@@ -249,10 +251,7 @@ class SandboxManager:
         monitor = self._get(sandbox_id).monitor
         if monitor is None:
             raise SandboxError(f"sandbox {sandbox_id} is not running")
-        if tokens:
-            monitor.record_tokens(tokens)
-        if cost_usd:
-            monitor.record_cost(cost_usd)
+        self._usage(monitor, tokens, cost_usd)
 
     def monitor(self, sandbox_id: str) -> ResourceMonitor | None:
         """The running child's monitor (subscribe to it for live gauges), or None."""
@@ -320,7 +319,7 @@ class SandboxManager:
         opens and for refusals that name the virtual path; the plain grants, for the rest."""
         readable, writable = sandbox.grants or ([], [])
         everywhere = sandbox.capability.filesystem_config.readable_paths is None
-        roots = gated_roots(sandbox.capability)
+        roots = sandbox.gated
         tables = {root.host for root in roots}  # shown by their virtual names instead
         return {
             "roots": [root.to_json() for root in roots],
@@ -433,6 +432,7 @@ class SandboxManager:
         if control_sock is not None:
             files = GatedFiles(
                 sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}",
+                roots=list(sandbox.gated),
                 on_waiting=lambda waiting: (monitor.pause_clock() if waiting
                                             else monitor.resume_clock()),
             )
