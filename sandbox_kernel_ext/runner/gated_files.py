@@ -21,6 +21,7 @@ from typing import Any
 from ..files.toolset import FileSystemToolset, StagedWrite
 from ..policy.errors import ApprovalDeniedError, SandboxError
 from ..policy.models import CapabilityDeclaration
+from .inside import virtual_path
 
 __all__ = ["GatedFiles", "GatedRoot", "gated_roots", "OpenAnswer"]
 
@@ -117,9 +118,8 @@ class GatedFiles:
         """The gated root holding `host_path` and its virtual path (None: not in a root)."""
         path = os.path.normpath(host_path)
         for root in self.roots:
-            if path == root.host or path.startswith(root.host.rstrip("/") + "/"):
-                rest = path[len(root.host):].strip("/")
-                virtual = root.virtual.rstrip("/") + "/" + rest if rest else root.virtual
+            virtual = virtual_path(path, root.host, root.virtual)
+            if virtual is not None:
                 return root, virtual
         return None
 

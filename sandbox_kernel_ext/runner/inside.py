@@ -21,6 +21,8 @@ import threading
 import weakref
 from typing import Any
 
+from .landlock import _is_within
+
 __all__ = ["report_usage", "install", "send_frame"]
 
 _channel: _Channel | None = None
@@ -81,6 +83,14 @@ def report_usage(tokens: int = 0, cost: float = 0.0) -> None:
 
 
 # -- the policy as the child knows it ---------------------------------------------------------
+def virtual_path(path: str, host: str, virtual: str) -> str | None:
+    """`path` as named under a table root (`host` shown as `virtual`); None if not in it."""
+    if not _is_within(path, host):
+        return None
+    rest = path[len(host):].strip("/")
+    return virtual.rstrip("/") + "/" + rest if rest else virtual
+
+
 class _Policy:
     def __init__(self, view: dict[str, Any]) -> None:
         self.roots: list[dict[str, Any]] = view.get("roots", [])
@@ -89,15 +99,11 @@ class _Policy:
         self.denied: list[str] = view.get("denied", [])
         self.home: str | None = view.get("home")
 
-    @staticmethod
-    def _within(path: str, folder: str) -> bool:
-        return path == folder or path.startswith(folder.rstrip("/") + "/")
-
     def root_of(self, path: str) -> tuple[dict[str, Any], str] | None:
         for root in self.roots:
-            if self._within(path, root["host"]):
-                rest = path[len(root["host"]):].strip("/")
-                return root, (root["virtual"].rstrip("/") + "/" + rest) if rest else root["virtual"]
+            virtual = virtual_path(path, root["host"], root["virtual"])
+            if virtual is not None:
+                return root, virtual
         return None
 
     def gated(self, path: str, write: bool) -> bool:
@@ -119,11 +125,11 @@ class _Policy:
                 return (f"{access} {virtual} denied by the sandbox policy: {root['virtual']} is "
                         f"read-only (writable: {', '.join(writable) or 'nothing'})")
             return None
-        if any(self._within(path, folder) for folder in self.denied):
+        if any(_is_within(path, folder) for folder in self.denied):
             return (f"{access} {path} denied by the sandbox policy: it holds credentials, which "
                     "no sandbox may read")
         granted = self.writable if write else self.readable + self.writable
-        if any(self._within(path, folder) for folder in [*granted, *filter(None, [self.home])]):
+        if any(_is_within(path, folder) for folder in [*granted, *filter(None, [self.home])]):
             return None
         shown = [f"{r['virtual']} = {r['host']}" + ("" if r["writable"] else " (read-only)")
                  for r in self.roots if r["writable"] or not write]
