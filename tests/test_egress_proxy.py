@@ -791,20 +791,30 @@ def test_close_leaves_no_thread_and_no_fd(echo_upstream: EchoServer) -> None:
     assert open_fds() == fds_before  # serve() after close still closed the listener
 
 
-def test_stop_serving_closes_one_listener_and_keeps_its_connections(
+def test_stop_serving_closes_one_listener_and_drops_only_its_connections(
     make_proxy: ProxyFactory, echo_upstream: EchoServer
 ) -> None:
     p = make_proxy([allowed_rule(echo_upstream.port)], ALLOWED_DNS)
-    with socket.create_connection(("127.0.0.1", p.port), timeout=WAIT) as tunnel:
-        tunnel.sendall(f"CONNECT allowed.test:{echo_upstream.port} HTTP/1.1\r\n\r\n".encode())
-        assert tunnel.recv(1024).startswith(b"HTTP/1.1 200")
+    other = socket.create_server(("127.0.0.1", 0))
+    other_port = other.getsockname()[1]
+    p.proxy.serve(other)
+    connect = f"CONNECT allowed.test:{echo_upstream.port} HTTP/1.1\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", p.port), timeout=WAIT) as tunnel, \
+            socket.create_connection(("127.0.0.1", other_port), timeout=WAIT) as kept:
+        for client in (tunnel, kept):
+            client.sendall(connect)
+            assert client.recv(1024).startswith(b"HTTP/1.1 200")
         p.proxy.stop_serving(p.listener)
         p.proxy.stop_serving(p.listener)  # idempotent
         assert p.listener.fileno() == -1
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", p.port), timeout=WAIT).close()
-        tunnel.sendall(b"still here")
-        assert tunnel.recv(1024) == b"still here"
+        assert tunnel.recv(1024) == b""  # its run is over: dropped, upstream side too
+        assert [t for t in threading.enumerate() if t.name == "egress-conn"] != []
+        kept.sendall(b"still here")
+        assert kept.recv(1024) == b"still here"
+    p.proxy.stop_serving(other)
+    assert [t for t in threading.enumerate() if t.name == "egress-conn"] == []
 
 
 @pytest.mark.parametrize(

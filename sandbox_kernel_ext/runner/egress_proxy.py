@@ -201,8 +201,9 @@ class EgressProxy:
         self._counts = {"allowed": 0, "denied": 0, "rate_limited": 0}
         self._wake: tuple[int, int] | None = None  # (read, write): readable once closing
         self._acceptors: dict[socket.socket, threading.Thread] = {}
-        self._workers: set[threading.Thread] = set()
-        self._sockets: set[socket.socket] = set()
+        self._workers: dict[threading.Thread, socket.socket] = {}  # -> the listener it serves
+        self._sockets: dict[socket.socket, threading.Thread] = {}  # -> the worker that owns it
+        self._dropped: set[threading.Thread] = set()  # workers whose listener has stopped
 
     # ------------------------------------------------------------------ public API
     @property
@@ -243,14 +244,24 @@ class EgressProxy:
             thread.start()
 
     def stop_serving(self, listener: socket.socket) -> None:
-        """Stop accepting on one listener and close it (e.g. when its run has ended);
-        connections already accepted carry on. Idempotent."""
+        """Stop accepting on one listener, close it and drop the connections it accepted
+        (its run has ended: nobody is left to read them, and a destination that never hangs
+        up would otherwise hold them, and the connection cap, until the idle timeout).
+        Idempotent; other listeners' connections carry on."""
         with self._lock:
             thread = self._acceptors.get(listener)
             if thread is not None:  # else already stopped (its thread closes it)
                 _shutdown(listener)
+            workers = {worker for worker, served in self._workers.items() if served is listener}
+            self._dropped |= workers
+            for sock, owner in self._sockets.items():
+                if owner in workers:
+                    _shutdown(sock)
         if thread is not None:
             thread.join()
+        deadline = time.monotonic() + CLOSE_JOIN_TIMEOUT
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Stop accepting, drop every connection and wait for every thread. Idempotent."""
@@ -312,13 +323,13 @@ class EgressProxy:
                         time.sleep(0.1)
                         continue
                     return  # shut down (EINVAL) or closed
-                self._start_worker(client)
+                self._start_worker(client, listener)
         finally:
             with self._lock:
                 del self._acceptors[listener]
             listener.close()
 
-    def _start_worker(self, client: socket.socket) -> None:
+    def _start_worker(self, client: socket.socket, listener: socket.socket) -> None:
         client.setblocking(False)
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
@@ -327,11 +338,11 @@ class EgressProxy:
                 return
             busy = len(self._workers) >= self._max_connections
             if not busy:
-                self._sockets.add(client)
                 thread = threading.Thread(
                     target=self._serve_client, args=(client,), name="egress-conn", daemon=True
                 )
-                self._workers.add(thread)
+                self._sockets[client] = thread
+                self._workers[thread] = listener
                 thread.start()  # under the lock, so close() never joins an unstarted thread
         if busy:
             reason = (
@@ -378,10 +389,11 @@ class EgressProxy:
             for sock in (client, upstream):
                 if sock is not None:
                     with self._lock:
-                        self._sockets.discard(sock)
+                        self._sockets.pop(sock, None)
                     sock.close()
             with self._lock:
-                self._workers.discard(threading.current_thread())
+                self._workers.pop(threading.current_thread(), None)
+                self._dropped.discard(threading.current_thread())
 
     def _read_head(self, client: socket.socket) -> tuple[bytes, bytes] | None:
         """The request head and the bytes after it, or None if the client sent nothing
@@ -495,7 +507,7 @@ class EgressProxy:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except BaseException:
             with self._lock:
-                self._sockets.discard(sock)
+                self._sockets.pop(sock, None)
             sock.close()
             raise
         return sock
@@ -551,10 +563,13 @@ class EgressProxy:
 
     # ------------------------------------------------------------------ helpers
     def _track(self, sock: socket.socket) -> bool:
+        """Register a worker's new socket, so close() and stop_serving() can shut it down;
+        False once they have (the worker then gives up)."""
+        worker = threading.current_thread()
         with self._lock:
-            if self._closed:
+            if self._closed or worker in self._dropped:
                 return False
-            self._sockets.add(sock)
+            self._sockets[sock] = worker
             return True
 
     def _wait(self, sock: socket.socket, events: int, deadline: float) -> bool:

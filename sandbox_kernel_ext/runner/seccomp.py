@@ -74,6 +74,9 @@ TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type holds SOCK_NONBLOCK / SOCK_CLOEXEC
 IPPROTO_TCP = 6
+# A TCP connect made by the first send: it skips the connect() hook where Landlock checks
+# the port (seen on Linux 6.18), so it is refused; programs then connect() as usual.
+MSG_FASTOPEN = 0x20000000
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ _DENIED_NAMES = (
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at",
+    # Landlock does not check watches: they would report names and activity in folders the
+    # child may not list.
+    "inotify_add_watch", "fanotify_init", "fanotify_mark",
 )
 ARCHES: dict[str, _Arch] = {
     "x86_64": _Arch("x86_64", AUDIT_ARCH_X86_64, True, {
@@ -104,7 +110,8 @@ ARCHES: dict[str, _Arch] = {
         "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
         "keyctl": 250, "add_key": 248, "request_key": 249, "open_by_handle_at": 304,
         "name_to_handle_at": 303, "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53,
-        "seccomp": 317, "ioctl": 16,
+        "seccomp": 317, "ioctl": 16, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
+        "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -116,7 +123,8 @@ ARCHES: dict[str, _Arch] = {
         "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
         "keyctl": 219, "add_key": 217, "request_key": 218, "open_by_handle_at": 265,
         "name_to_handle_at": 264, "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199,
-        "seccomp": 277, "ioctl": 29,
+        "seccomp": 277, "ioctl": 29, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
+        "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
     }),
 }
 _MACHINE_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -240,9 +248,10 @@ class SeccompFilter:
     ``inet_tcp_only``: AF_INET/AF_INET6 sockets must be plain TCP (SOCK_STREAM with protocol 0
     or IPPROTO_TCP); UDP, raw, SCTP and MPTCP get EPERM. Landlock's network rules cover only TCP,
     so this keeps every inet socket under them.
-    ``allow_unix_pairs``: let ``socketpair(AF_UNIX)`` through whatever the families: a connected
-    pair reaches no socket outside the process tree (``multiprocessing`` needs it), while
-    ``socket(AF_UNIX)`` could connect to a pathname socket such as docker.sock.
+    ``allow_unix_pairs``: let ``socketpair(AF_UNIX, SOCK_STREAM)`` through whatever the families:
+    a connected stream pair reaches no socket outside the process tree (``multiprocessing``
+    needs it), while ``socket(AF_UNIX)`` could connect to a pathname socket such as docker.sock,
+    and a datagram pair can still ``sendto`` one (/dev/log, systemd's notify socket).
     ``arch``: the architecture to build for (default: this machine); a mismatch with the running
     kernel's kills the process at its first syscall, which is what the check is for.
     """
@@ -283,7 +292,17 @@ class SeccompFilter:
         asm.jeq(sc["socket"], "socket")
         asm.jeq(sc["socketpair"], "socketpair" if self.allow_unix_pairs else "socket")
         asm.jeq(sc["ioctl"], "ioctl")
+        asm.jeq(sc["sendto"], "flags_arg3")
+        asm.jeq(sc["sendmmsg"], "flags_arg3")
+        asm.jeq(sc["sendmsg"], "flags_arg2")
         asm.ret(SECCOMP_RET_ALLOW)
+
+        asm.label("flags_arg3")
+        asm.load(_arg_low(3))
+        asm.jset(MSG_FASTOPEN, "eperm", "allow")
+        asm.label("flags_arg2")
+        asm.load(_arg_low(2))
+        asm.jset(MSG_FASTOPEN, "eperm", "allow")
 
         # Pushing keystrokes into a terminal inherited from the parent runs commands in the
         # user's shell; Landlock's ioctl right does not cover descriptors opened before it.
@@ -299,7 +318,10 @@ class SeccompFilter:
         if self.allow_unix_pairs:
             asm.label("socketpair")
             asm.load(_arg_low(0))  # domain
-            asm.jeq(socket.AF_UNIX, "allow", "socket")
+            asm.jeq(socket.AF_UNIX, None, "socket")
+            asm.load(_arg_low(1))  # type
+            asm.and_(SOCK_TYPE_MASK)
+            asm.jeq(socket.SOCK_STREAM, "allow", "socket")  # other pairs: as socket() would be
 
         asm.label("socket")
         asm.load(_arg_low(0))  # domain

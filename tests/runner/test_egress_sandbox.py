@@ -181,6 +181,62 @@ attempt("bind", lambda: socket.socket().bind(("127.0.0.1", 8080)))
     assert "reached" not in out.values(), out
 
 
+def test_tcp_fast_open_does_not_slip_past_the_port_rule(net_manager, web) -> None:
+    """Found in review: sendto(MSG_FASTOPEN) connects without the connect() hook Landlock
+    checks, so it reached a port the rules refuse (here the child's own listener, the only
+    other thing in its network namespace)."""
+    sid = net_manager.create_sandbox(_policy(web))
+    out = _run(net_manager, sid, """
+import socket
+server = socket.socket()
+server.listen()  # bound to a free port by the kernel
+port = server.getsockname()[1]
+out = {}
+for name, flags in (("sendto", "sendto"), ("sendmsg", "sendmsg")):
+    client = socket.socket()
+    try:
+        if flags == "sendto":
+            client.sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", port))
+        else:
+            client.sendmsg([b"x"], [], socket.MSG_FASTOPEN, ("127.0.0.1", port))
+        out[name] = "reached"
+    except OSError as exc:
+        out[name] = exc.errno
+    client.close()
+""")
+    del out["_usage"]
+    assert out == {"sendto": 1, "sendmsg": 1}, out  # EPERM
+
+
+def test_a_finished_run_leaves_no_proxy_connection(web) -> None:
+    """Found in review: tunnels to a destination that never hangs up outlived their run (up
+    to the idle timeout), holding threads and the connection cap, so the sandbox's next run
+    got 503s."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog) and never closes
+    manager = SandboxManager(egress_resolver=_resolve)
+    try:
+        port = silent.getsockname()[1]
+        sid = manager.create_sandbox(_policy(web, rules=[
+            {"domain": "silent.test", "ports": [port], "private_networks": ["127.0.0.1/32"]}]))
+        out = _run(manager, sid, f"""
+import socket
+out = {{"replies": []}}
+for _ in range(3):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(b"CONNECT silent.test:{port} HTTP/1.1\\r\\n\\r\\n")
+    out["replies"].append(s.recv(100).decode().split("\\r\\n")[0])
+""")
+        assert out["replies"] == ["HTTP/1.1 200 Connection established"] * 3
+        proxy = manager._get(sid).proxy
+        assert proxy is not None
+        assert not [t for t in threading.enumerate() if t.name == "egress-conn"]
+        again = _run(manager, sid, FETCH + f'out = {{"r": fetch("http://allowed.test:{web}/")}}')
+        assert again["r"][0] == 200
+    finally:
+        manager.close()
+        silent.close()
+
+
 def test_no_rules_means_no_listener_and_no_proxy_variables(net_manager) -> None:
     sid = net_manager.create_sandbox(CapabilityDeclaration())
     result = net_manager.run_python(sid, """

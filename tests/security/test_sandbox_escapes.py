@@ -884,6 +884,26 @@ def test_io_uring_setup_is_denied(env: Env) -> None:
 
 
 @needs_seccomp
+def test_inotify_cannot_watch_a_folder_it_may_not_read(env: Env) -> None:
+    """Found in review: Landlock does not check inotify_add_watch, so a cell could watch
+    the names and activity of files in a folder whose listing it is refused."""
+    code = """
+fd = libc.inotify_init1(0)
+def watch(path):
+    wd = libc.inotify_add_watch(fd, path.encode(), 0xfff)
+    if wd < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return wd
+out = [attempt(lambda: os.listdir(w['outside'])), attempt(lambda: watch(w['outside'])),
+       attempt(lambda: watch(w['rw']))]
+"""
+    listing, outside, own = _ok_run(env.py(code))
+    _denied(listing, errno.EACCES)
+    _denied(outside, errno.EPERM)
+    _denied(own, errno.EPERM)  # no inotify at all: seccomp cannot tell the folders apart
+
+
+@needs_seccomp
 def test_tiocsti_keystroke_injection_fails(env: Env) -> None:
     code = """
 import fcntl, termios
@@ -980,6 +1000,49 @@ out = attempt(connect)
         assert os.listdir(folder) == ["kernel.sock"]
     finally:
         server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_datagram_socketpair_cannot_reach_a_pathname_socket_of_the_host(env: Env) -> None:
+    """Found in review: a SOCK_DGRAM pair can be re-pointed at any pathname datagram socket
+    (sendto/connect to a path; Landlock does not check either), e.g. /dev/log or systemd's
+    notify socket, even carrying descriptors. Only stream pairs (multiprocessing's) may exist."""
+    folder = tempfile.mkdtemp(prefix="sbx-escape-dgram-", dir="/tmp")
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        os.chmod(folder, 0o777)
+        path = os.path.join(folder, "notify.sock")
+        host.bind(path)
+        os.chmod(path, 0o777)  # file permissions would let 65534 send
+        host.setblocking(False)
+        code = """
+def sendto():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b'READY=1', path)
+    return 'sent'
+def reconnect():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    a.connect(path)
+    a.send(b'READY=1')
+    return 'sent'
+def seqpacket():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    a.sendto(b'READY=1', path)
+    return 'sent'
+def stream_pair_still_works():
+    a, b = socket.socketpair()
+    a.sendall(b'ping')
+    return b.recv(4).decode()
+out = [attempt(sendto), attempt(reconnect), attempt(seqpacket), stream_pair_still_works()]
+"""
+        *attempts, stream = _ok_run(env.py(code, inputs={"path": path}))
+        for report in attempts:
+            _denied(report, errno.EAFNOSUPPORT, errno.EPERM)
+        assert stream == "ping"
+        with pytest.raises(BlockingIOError):
+            host.recv(100)  # nothing arrived
+    finally:
+        host.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
