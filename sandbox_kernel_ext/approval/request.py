@@ -37,6 +37,12 @@ class ApprovalRequest(_Frozen):
         description="What `path` is relative to (the real root it names); a session grant "
         "covers only requests with the same scope, so one '/data' never stands for another",
     )
+    location: str = Field(
+        "",
+        description="The file on this machine, for the person deciding: a virtual name can stand "
+        "for another folder than they think (a cell may narrow a root to a subfolder). Never "
+        "shown to a model",
+    )
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1)
     created_at: float = Field(default_factory=time.time)
 

@@ -154,6 +154,8 @@ class TerminalResponder:
             f"\nApproval needed ({printable(request.source)}): "
             f"{request.operation} '{printable(request.path)}'{size}"
         ]
+        if request.location:
+            lines.append(f"  file on this machine: {printable(request.location)}")
         # A fixed gutter keeps summary lines from passing as our own prompt text.
         lines += [f"  | {line}" for line in printable(request.summary, keep="\n\t").splitlines()]
         return "\n".join(lines) + "\n"

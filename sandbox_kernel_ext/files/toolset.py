@@ -62,6 +62,7 @@ from .tool_schemas import FILE_TOOLS, TOOLS_BY_NAME, function_definition
 _CHUNK = 1 << 16
 _SNIFF = 8192
 _PREVIEW_CHARS = 1500
+_DIFF_BYTES = 4 * _PREVIEW_CHARS * 4  # larger files get their sizes, not a diff
 _LOCK_STRIPES = 64
 
 # Process-wide, keyed by the real root: two toolsets on one folder share the quota
@@ -239,6 +240,12 @@ class FileSystemToolset:
             return f"store:{id(self._root_backend(vp)):x}"
         return self._sandbox.host_root(vp)
 
+    def _location(self, vp: VirtualPath) -> str:
+        """The file on this machine, for the person approving (a store has none)."""
+        if self.limits.backend == "store":
+            return ""
+        return os.path.join(self._sandbox.host_root(vp), *vp.parts)
+
     def _lock_key(self, vp: VirtualPath) -> tuple:
         return (self._scope(vp), vp.parts)
 
@@ -317,6 +324,7 @@ class FileSystemToolset:
                     summary=summary,
                     source=self.source,
                     scope=self._scope(vp),
+                    location=self._location(vp),
                 )
             )
 
@@ -432,7 +440,7 @@ class FileSystemToolset:
         data = _encode(vp, content)
         self._check_write_size(vp, config, len(data))
         old = self._existing_file(vp)
-        self._approve("write", vp, "write", len(data), self._change_summary(vp, old, data))
+        self._approve("write", vp, "write", len(data), self._change_summary(vp, old, data, len(data)))
         # Approvals happen before the lock (a person may take minutes); what the write
         # replaces is looked at again under it, so the quota delta is exact.
         with self._path_lock(vp):
@@ -548,8 +556,8 @@ class FileSystemToolset:
             copied = _copy_at_most(write.fd, snapshot, size)
             write.discard()
             old = self._existing_file(vp)
-            head = os.pread(snapshot, min(copied, 4 * _PREVIEW_CHARS * 4), 0)
-            summary = self._change_summary(vp, old, head if copied == len(head) else head + b"...")
+            head = os.pread(snapshot, min(copied, _DIFF_BYTES + 1), 0)
+            summary = self._change_summary(vp, old, head, copied)
             self._approve("write", vp, "write", copied, summary)
             if still_wanted is not None and not still_wanted():
                 raise FilesystemError(f"Cannot write '{vp}': the writer is gone.")
@@ -591,23 +599,29 @@ class FileSystemToolset:
         except UnicodeDecodeError:
             raise FilesystemError(f"Cannot edit '{vp}': it is not UTF-8 text.") from None
 
-    def _change_summary(self, vp: VirtualPath, old: EntryInfo | None, data: bytes) -> str:
-        """A preview (new file) or unified diff (replacement) for the person approving."""
+    def _change_summary(self, vp: VirtualPath, old: EntryInfo | None, data: bytes, size: int) -> str:
+        """A preview (new file) or unified diff (replacement) for the person approving, of a
+        `size`-byte write whose first bytes are `data`. What it leaves out, it says it left out:
+        a person must never approve a hunk they were not shown without being told."""
         if not self._sandbox.path_config(vp).write_approval:
             return ""
-        new_text = data[:_PREVIEW_CHARS * 4].decode("utf-8", errors="replace")
         if old is None or old.kind != "file":
-            return f"new file, {len(data):,} bytes:\n{new_text[:_PREVIEW_CHARS]}"
-        if old.size > 4 * _PREVIEW_CHARS * 4 or len(data) > 4 * _PREVIEW_CHARS * 4:
-            return f"replaces {old.size:,} bytes with {len(data):,} bytes"
+            head = data[:_PREVIEW_CHARS]
+            preview = f"new file, {size:,} bytes:\n{head.decode('utf-8', errors='replace')}"
+            if size > len(head):
+                preview += f"\n[… preview ends here: {size - len(head):,} more bytes not shown]"
+            return preview
+        if old.size > _DIFF_BYTES or size > _DIFF_BYTES:
+            return (f"replaces {old.size:,} bytes with {size:,} bytes "
+                    f"(a diff is shown only for files up to {_DIFF_BYTES:,} bytes)")
         with self._io(vp):
             f, _ = self._open_read(vp)
             with f:
-                before = f.read(4 * _PREVIEW_CHARS * 4).decode("utf-8", errors="replace")
+                before = f.read(_DIFF_BYTES).decode("utf-8", errors="replace")
         diff = difflib.unified_diff(
             before.splitlines(), data.decode("utf-8", errors="replace").splitlines(), "before", "after", lineterm="", n=1
         )
-        return "\n".join(diff)[:_PREVIEW_CHARS] or "no change"
+        return _cut("\n".join(diff), "the diff goes on") or "no change"
 
     def edit(self, path: str, old_text: str, new_text: str) -> str:
         """Replace `old_text`, which must occur exactly once."""
@@ -628,7 +642,7 @@ class FileSystemToolset:
         summary = "\n".join(
             difflib.unified_diff(old_text.splitlines(), new_text.splitlines(), "before", "after", lineterm="", n=1)
         )
-        self._approve("edit", vp, "write", len(data), summary[:_PREVIEW_CHARS])
+        self._approve("edit", vp, "write", len(data), _cut(summary, "the diff goes on"))
         with self._path_lock(vp):
             now, info = self._read_text(vp, config, f"editing '{vp}'")
             if now != text:
@@ -858,6 +872,13 @@ def _capped_lines(f, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
             if rest.endswith(b"\n"):
                 break
         yield line, dropped
+
+
+def _cut(text: str, goes_on: str) -> str:
+    """`text` up to the preview's length, saying how much was left out."""
+    if len(text) <= _PREVIEW_CHARS:
+        return text
+    return f"{text[:_PREVIEW_CHARS]}\n[… {goes_on}: {len(text) - _PREVIEW_CHARS:,} more characters not shown]"
 
 
 def _encode(vp: VirtualPath, content: str | bytes) -> bytes:
