@@ -11,6 +11,8 @@
 export const DEFAULT_THRESHOLDS = Object.freeze({ warn: 0.75, danger: 0.9 });
 
 const MISSING = "—";
+// After the time a run spent waiting for a person, which its timeout does not count.
+export const WAIT_WORDS = "waiting for approval, not counted";
 
 function isNumber(x) {
   return typeof x === "number" && Number.isFinite(x);
@@ -82,36 +84,36 @@ const GAUGES = [
 /**
  * What each gauge shows, as plain data: {key, label, value, max, state, percent, text, words,
  * ariaText}. `max` is null when the gauge has no limit (then the view shows no bar). After the
- * run (`frozen`) the memory gauge shows the peak, which is what a summary is about.
+ * run (`frozen`) the memory gauge shows the peak, which is what a summary is about, and the CPU
+ * gauge drops its momentary rate.
  */
 export function gaugeSpecs(readings, limits, { frozen = false, thresholds } = {}) {
   const r = readings || {};
   const l = limits || {};
   const t = { ...DEFAULT_THRESHOLDS, ...(thresholds || {}) };
   return GAUGES.map((g) => {
-    let reading = g.reading;
-    let label = g.label;
-    if (g.key === "memory" && frozen) {
-      reading = "peak_memory_mb";
-      label = "Memory (peak)";
-    }
+    const peakOnly = g.key === "memory" && frozen;
+    const reading = peakOnly ? "peak_memory_mb" : g.reading;
     const value = isNumber(r[reading]) ? r[reading] : null;
     const max = isNumber(l[g.limit]) && l[g.limit] > 0 ? l[g.limit] : null;
     const rr = ratio(value, max);
     const state = value === null ? (max === null ? "none" : "ok") : gaugeState(value, max, t);
     const words = stateWords(state, rr);
-    let text = g.format(value);
+    let text = (peakOnly ? "peak " : "") + g.format(value);
     if (max !== null) text += ` of ${g.format(max)} (${formatPercent(rr)})`;
-    if (g.key === "cpu" && isNumber(r.cpu_percent)) {
-      text = `${Math.round(r.cpu_percent)}% · ${text}`;
+    if (g.key === "cpu" && !frozen && isNumber(r.cpu_percent)) {
+      text += ` · ${Math.round(r.cpu_percent)}% now`;
     }
     if (g.key === "memory" && !frozen && isNumber(r.peak_memory_mb)) {
       text += ` · peak ${formatMegabytes(r.peak_memory_mb)}`;
     }
+    if (g.key === "elapsed" && isNumber(r.approval_wait_seconds) && r.approval_wait_seconds > 0) {
+      text += ` · ${formatSeconds(r.approval_wait_seconds)} ${WAIT_WORDS}`;
+    }
     const ariaText = words ? `${text}, ${words}` : text;
     return {
       key: g.key,
-      label,
+      label: g.label,
       value,
       max,
       state,
@@ -135,7 +137,11 @@ export function statusLine(readings, outcome) {
   if (!outcome) return "Sandbox running…";
   const r = readings || {};
   const parts = [`Sandbox ${outcome}`];
-  if (isNumber(r.processes)) parts.push(`${formatCount(r.processes)} process(es)`);
+  if (isNumber(r.peak_processes)) {
+    parts.push(`${formatCount(r.peak_processes)} process(es) at peak`);
+  } else if (isNumber(r.processes)) {
+    parts.push(`${formatCount(r.processes)} process(es)`);
+  }
   if (isNumber(r.egress_allowed) || isNumber(r.egress_denied)) {
     parts.push(
       `egress ${formatCount(r.egress_allowed ?? 0)} allowed, ` +
@@ -148,9 +154,11 @@ export function statusLine(readings, outcome) {
 const CSS = `
 .skx-gauges { font-family: var(--jp-ui-font-family, sans-serif);
   font-size: var(--jp-ui-font-size1, 13px); color: var(--jp-ui-font-color1, #222);
-  display: grid; grid-template-columns: max-content minmax(6em, 14em) max-content max-content;
-  justify-content: start; gap: 2px 8px; align-items: center; padding: 4px 0; }
-.skx-gauges__status { grid-column: 1 / -1; font-weight: 600; }
+  padding: 4px 0; }
+.skx-gauges__status { font-weight: 600; margin-bottom: 2px; }
+.skx-gauges__grid { display: grid;
+  grid-template-columns: max-content minmax(6em, 14em) max-content max-content;
+  justify-content: start; gap: 2px 8px; align-items: center; }
 .skx-gauge__bar { position: relative; height: 0.8em; border-radius: 3px; overflow: hidden;
   background: var(--jp-layout-color3, #ddd); }
 .skx-gauge__fill { height: 100%; width: 0; transition: width 0.15s linear;
@@ -212,12 +220,14 @@ function render({ model, el }) {
   style.textContent = CSS;
   el.appendChild(style);
   const root = child(doc, el, "div", "skx-gauges");
+  // The status line sits outside the grid, so its length never resizes the gauges' columns.
   const status = child(doc, root, "div", "skx-gauges__status");
+  const grid = child(doc, root, "div", "skx-gauges__grid");
   status.setAttribute("role", "status");
   status.setAttribute("aria-live", "polite");
   const rows = new Map();
   for (const g of GAUGES) {
-    const row = { root: child(doc, root, "div", "skx-gauge") };
+    const row = { root: child(doc, grid, "div", "skx-gauge") };
     row.root.setAttribute("data-gauge", g.key);
     row.label = child(doc, row.root, "span", "skx-gauge__label");
     row.slot = child(doc, row.root, "div", "skx-gauge__slot");

@@ -11,6 +11,7 @@ import widget, {
   gaugeState,
   ratio,
   statusLine,
+  WAIT_WORDS,
 } from "./gauges.js";
 
 const LIMITS = {
@@ -80,7 +81,7 @@ describe("pure logic", () => {
     assert.equal(tokens.words, "high");
     assert.match(tokens.ariaText, /800 of 1,000 \(80%\), high/);
     const cpu = byKey(specs, "cpu");
-    assert.equal(cpu.text, "50% · 1.0 s of 10.0 s (10%)");
+    assert.equal(cpu.text, "1.0 s of 10.0 s (10%) · 50% now");
     assert.equal(cpu.state, "ok");
     assert.equal(cpu.words, "");
   });
@@ -106,14 +107,28 @@ describe("pure logic", () => {
       memory_mb: 0, peak_memory_mb: 170, egress_allowed: 2, egress_denied: 1,
     });
     const memory = byKey(gaugeSpecs(usage, LIMITS, { frozen: true }), "memory");
-    assert.equal(memory.label, "Memory (peak)");
+    assert.equal(memory.label, "Memory");
+    assert.equal(memory.text, "peak 170 MB of 200 MB (85%)");
     assert.equal(memory.value, 170);
+    const cpu = byKey(gaugeSpecs(usage, LIMITS, { frozen: true }), "cpu");
+    assert.equal(cpu.text, "1.0 s of 10.0 s (10%)", "a finished run has no momentary rate");
     assert.equal(memory.state, "warn");
     assert.equal(statusLine(usage, ""), "Sandbox running…");
     assert.equal(
       statusLine(usage, "killed: timeout after 5 s"),
       "Sandbox killed: timeout after 5 s · 1 process(es) · egress 2 allowed, 1 denied",
     );
+    assert.equal(
+      statusLine({ ...usage, peak_processes: 3 }, "finished"),
+      "Sandbox finished · 3 process(es) at peak · egress 2 allowed, 1 denied",
+    );
+  });
+
+  it("time spent waiting for a person is shown apart from the counted elapsed time", () => {
+    const waiting = byKey(gaugeSpecs(snapshot({ approval_wait_seconds: 3.5 }), LIMITS), "elapsed");
+    assert.equal(waiting.text, `2.0 s of 20.0 s (10%) · 3.5 s ${WAIT_WORDS}`);
+    const none = byKey(gaugeSpecs(snapshot({ approval_wait_seconds: 0 }), LIMITS), "elapsed");
+    assert.equal(none.text, "2.0 s of 20.0 s (10%)");
   });
 
   it("missing readings render as a dash, not as zero", () => {
@@ -264,7 +279,8 @@ describe("render", () => {
     model.set("outcome", "finished");
     const root = el.find((n) => n.className === "skx-gauges")[0];
     assert.equal(root.getAttribute("data-frozen"), "true");
-    assert.equal(meter("Memory (peak)").getAttribute("aria-valuenow"), "150");
+    assert.equal(meter("Memory").getAttribute("aria-valuenow"), "150");
+    assert.match(meter("Memory").getAttribute("aria-valuetext"), /^peak 150 MB/);
     const status = el.find((n) => n.getAttribute("role") === "status")[0];
     assert.match(status.textContent, /^Sandbox finished/);
   });

@@ -113,6 +113,13 @@ def test_resource_usage_has_the_seed_keys(manager: SandboxManager) -> None:
     sid = manager.create_sandbox(_policy())
     usage = manager.execute(sid, ["/bin/true"]).resource_usage
     assert {"cpu_seconds", "peak_memory_mb", "tokens_used", "cost_usd", "elapsed_seconds"} <= set(usage)
+    assert usage["peak_processes"] == 1  # over before the monitor's first look, still one process
+
+
+def test_peak_processes_counts_the_largest_tree_seen(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(_policy())
+    result = manager.execute(sid, ["sh", "-c", "sleep 1 & sleep 1 & wait"], timeout=20)
+    assert result.exit_code == 0 and result.resource_usage["peak_processes"] == 3
 
 
 def test_token_budget_breach_kills_the_run(manager: SandboxManager) -> None:

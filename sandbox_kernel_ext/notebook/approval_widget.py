@@ -69,6 +69,11 @@ _CLICK_REASON = {
     Decision.allow_session: "approved in the notebook for the rest of this session",
     Decision.deny: "refused in the notebook",
 }
+CLICKED_BY = "the person at the notebook"  # `decided_by` of an answer given with a button
+_ALWAYS_TIP = {  # the broker lets a write grant cover reads of the same path
+    "read": "Allow reads of this path until the kernel restarts",
+    "write": "Allow writes, and reads, of this path until the kernel restarts",
+}
 
 
 class RenderAck(anywidget.AnyWidget):
@@ -96,6 +101,17 @@ def _describe(request: ApprovalRequest) -> str:
     return f"{request.operation} '{request.path}'{_size(request)}"
 
 
+def asker(source: str) -> str:
+    """Who asks, in a person's words: the runner names a sandboxed cell's requests
+    `toolset:sandbox:<id>`, a toolset its own `toolset:<id>`; anything else is shown as is."""
+    kind, _, name = source.partition(":")
+    if kind != "toolset":
+        return source
+    if name.startswith("sandbox:"):
+        return f"the sandboxed cell (sandbox {name.removeprefix('sandbox:')})"
+    return "the file toolset" if name == "filesystem" else f"the file toolset '{name}'"
+
+
 def _when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
@@ -116,34 +132,33 @@ class ApprovalWidget(widgets.VBox):
         self.answered = threading.Event()
         self.decision: ApprovalDecision | None = None
         self._lock = threading.Lock()
+        fits = widgets.Layout(width="auto")  # the default width cuts "Always for this session"
         self.approve_button = widgets.Button(
             description="Approve once", button_style="success", icon="check",
-            tooltip="Allow this one operation",
+            tooltip="Allow this one operation", layout=fits,
         )
         self.always_button = widgets.Button(
             description="Always for this session", button_style="warning", icon="check-double",
-            tooltip=f"Allow {request.access} access to this path until the kernel restarts",
+            tooltip=_ALWAYS_TIP[request.access], layout=fits,
         )
         self.deny_button = widgets.Button(
             description="Deny", button_style="danger", icon="times",
-            tooltip="Refuse; the operation fails with ApprovalDeniedError",
+            tooltip="Refuse; the operation fails with ApprovalDeniedError", layout=fits,
         )
         self.status = widgets.Label(self._waiting_text(timeout))
         self.render_ack = RenderAck(self.rendered.set)
-        source = html.escape(printable(request.source))
-        operation = html.escape(request.operation)
-        path = html.escape(printable(request.path))
-        header = widgets.HTML(
-            f"<b>Approval needed</b> &middot; {source} wants to <b>{operation}</b> "
-            f"<code>{path}</code>{_size(request)}"
-        )
-        children: list[widgets.Widget] = [header]
+        self.header = widgets.HTML(self._header_html())
+        children: list[widgets.Widget] = [self.header]
+        if request.location:
+            location = html.escape(printable(request.location))
+            children.append(widgets.HTML(f"<small>File on this machine: <code>{location}</code>"
+                                         "</small>"))
         if request.summary:
             summary = html.escape(printable(request.summary, keep="\n\t"))
             children.append(
-                widgets.HTML(
-                    "<pre style='max-height:14em;overflow:auto;margin:0.3em 0'>"
-                    f"{summary}</pre>"
+                widgets.HTML(  # wrapped: nothing may hide beyond the right edge
+                    "<pre style='max-height:14em;overflow:auto;margin:0.3em 0;"
+                    f"white-space:pre-wrap;overflow-wrap:anywhere'>{summary}</pre>"
                 )
             )
         children += [
@@ -154,6 +169,18 @@ class ApprovalWidget(widgets.VBox):
         super().__init__(children, layout=widgets.Layout(border="1px solid #d0a000", padding="4px"))
         for button, decision in self._buttons():
             button.on_click(partial(self._click, decision))
+
+    def _header_html(self) -> str:
+        request = self.request
+        who = html.escape(printable(asker(request.source)))
+        operation = html.escape(request.operation)
+        path = html.escape(printable(request.path))
+        if self.decision is None:
+            state, verb = "Approval needed", "wants"
+        else:
+            state, verb = _OUTCOME[self.decision.decision], "asked"
+        return (f"<b>{state}</b> &middot; {who} {verb} to <b>{operation}</b> "
+                f"<code>{path}</code>{_size(request)}")
 
     def _buttons(self) -> Iterator[tuple[widgets.Button, Decision]]:
         yield self.approve_button, Decision.allow_once
@@ -198,8 +225,12 @@ class ApprovalWidget(widgets.VBox):
         with self._lock:
             self.decision = decision
             self.answered.set()
-        for button, _ in self._buttons():
+        clicked = decision.decided_by == CLICKED_BY
+        for button, answer in self._buttons():
             button.disabled = True
+            if not (clicked and answer is decision.decision):
+                button.button_style = ""  # only the button that decided keeps its colour
+        self.header.value = self._header_html()
         self.status.value = self.outcome_text()
         if self.render_ack in self.children:  # saved notebooks need no anywidget to show it
             self.children = tuple(c for c in self.children if c is not self.render_ack)
@@ -209,15 +240,19 @@ class ApprovalWidget(widgets.VBox):
         decision = self.decision
         if decision is None:
             return self._waiting_text(self.timeout)
-        return (
-            f"{_OUTCOME[decision.decision]} by {decision.decided_by} at "
-            f"{_when(decision.decided_at)}: {printable(decision.reason)}"
-        )
+        when = _when(decision.decided_at)
+        text = f"{_OUTCOME[decision.decision]} by {decision.decided_by} at {when}"
+        if decision.decided_by == CLICKED_BY:  # the reason would only repeat the button
+            return text + "."
+        return f"{text}: {printable(decision.reason)}"
 
     def as_text(self) -> str:
         """What nbconvert, GitHub and a notebook without widget state show."""
         request = self.request
-        lines = [f"Approval ({printable(request.source)}): {printable(_describe(request))}"]
+        lines = [f"Approval: {printable(asker(request.source))} asks to "
+                 f"{printable(_describe(request))}"]
+        if request.location:
+            lines.append(f"  file on this machine: {printable(request.location)}")
         lines += [f"  | {line}" for line in printable(request.summary, "\n\t").splitlines()]
         if self.decision is None:
             lines.append("[Approve once] [Always for this session] [Deny]  " + self.outcome_text())
@@ -377,7 +412,7 @@ class WidgetResponder:
     def _clicked(widget: ApprovalWidget) -> ApprovalDecision:
         answer = widget.answer
         assert answer is not None
-        return ApprovalDecision(decision=answer, decided_by="widget", reason=_CLICK_REASON[answer])
+        return ApprovalDecision(decision=answer, decided_by=CLICKED_BY, reason=_CLICK_REASON[answer])
 
     def _headless(
         self, request: ApprovalRequest, timeout: float | None, cell: CellParent, why_not: str

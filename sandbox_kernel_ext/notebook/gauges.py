@@ -19,7 +19,8 @@ import anywidget
 import traitlets
 from IPython.display import DisplayHandle, display
 
-__all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "gauge_limits", "js_asset", "summarize"]
+__all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits", "js_asset",
+           "summarize"]
 
 SNAPSHOT_KEYS = (
     "cpu_seconds",
@@ -30,11 +31,15 @@ SNAPSHOT_KEYS = (
     "tokens_used",
     "cost_usd",
     "processes",
+    "approval_wait_seconds",
 )
 # A finished run's resource_usage adds these; the summary line reports them.
-_SUMMARY_KEYS = ("egress_allowed", "egress_denied")
+_EGRESS_KEYS = ("egress_allowed", "egress_denied")
+_SUMMARY_KEYS = ("peak_processes", *_EGRESS_KEYS)
 LIMIT_KEYS = ("memory_mb", "cpu_seconds", "timeout_seconds", "tokens", "cost_usd")
 THRESHOLDS = {"warn": 0.75, "danger": 0.9}
+# After the time a run spent waiting for a person, which its timeout does not count.
+WAIT_WORDS = "waiting for approval, not counted"
 
 
 def js_asset(name: str) -> Path:
@@ -136,26 +141,32 @@ def summarize(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: s
     frozen = bool(outcome)
     head = f"Sandbox {outcome}" if frozen else "Sandbox running"
     extras = []
-    if r.get("processes") is not None:
+    if frozen and r.get("peak_processes") is not None:
+        extras.append(f"{_count(r['peak_processes'])} process(es) at peak")
+    elif r.get("processes") is not None:
         extras.append(f"{_count(r['processes'])} process(es)")
-    if frozen and any(r.get(k) is not None for k in _SUMMARY_KEYS):
+    if frozen and any(r.get(k) is not None for k in _EGRESS_KEYS):
         extras.append(f"egress {_count(r.get('egress_allowed') or 0)} allowed, "
                       f"{_count(r.get('egress_denied') or 0)} denied")
     cpu_percent = r.get("cpu_percent")
     cpu = _gauge_text("CPU", r.get("cpu_seconds"), lim.get("cpu_seconds"), _seconds,
-                      prefix="" if cpu_percent is None else f"{round(cpu_percent)}% · ")
+                      suffix="" if frozen or cpu_percent is None
+                      else f" · {round(cpu_percent)}% now")
     if frozen:
-        memory = _gauge_text("Memory (peak)", r.get("peak_memory_mb"), lim.get("memory_mb"),
-                             _megabytes)
+        memory = _gauge_text("Memory", r.get("peak_memory_mb"), lim.get("memory_mb"),
+                             _megabytes, prefix="peak ")
     else:
         peak = r.get("peak_memory_mb")
         memory = _gauge_text("Memory", r.get("memory_mb"), lim.get("memory_mb"), _megabytes,
                              suffix="" if peak is None else f" · peak {_megabytes(peak)}")
+    waited = r.get("approval_wait_seconds")
+    elapsed = _gauge_text("Elapsed", r.get("elapsed_seconds"), lim.get("timeout_seconds"),
+                          _seconds, suffix=f" · {_seconds(waited)} {WAIT_WORDS}" if waited else "")
     lines = [
         " · ".join([head, *extras]),
         cpu,
         memory,
-        _gauge_text("Elapsed", r.get("elapsed_seconds"), lim.get("timeout_seconds"), _seconds),
+        elapsed,
         _gauge_text("Tokens", r.get("tokens_used"), lim.get("tokens"), _count),
         _gauge_text("Cost", r.get("cost_usd"), lim.get("cost_usd"), _cost),
     ]

@@ -27,7 +27,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from traitlets import Bool, Enum, Float, TraitError, Unicode, observe, validate
 
-from ..approval import ApprovalBroker, ApprovalResponder, HeadlessResponder
+from ..approval import ApprovalBroker, ApprovalResponder, Decision, HeadlessResponder
 from ..policy.errors import CapabilityParseError, SandboxError, ToolError
 from ..policy.models import CapabilityDeclaration, FilesystemConfig, FilesystemMode, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
@@ -42,6 +42,9 @@ _OPTION_OF = {
     "allow_read": "--allow-read", "allow_write": "--allow-write", "allow_net": "--allow-net",
 }
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*\Z")
+# The log's decision column speaks one language for approvals and egress.
+_DECIDED = {Decision.allow_once: "approved once",
+            Decision.allow_session: "approved for session", Decision.deny: "denied"}
 
 
 class SandboxCellError(Exception):
@@ -493,7 +496,7 @@ class SandboxMagics(Magics):
             request, decision = record.request, record.decision
             what = f"{request.operation} {request.path}"
             rows.append((decision.decided_at, [_clock(decision.decided_at), "approval",
-                                               request.source, what, decision.decision.value,
+                                               request.source, what, _DECIDED[decision.decision],
                                                f"{decision.decided_by}: {decision.reason}"]))
         live = [e for sid in self._sandboxes_seen for e in self._egress_of(sid)]
         for entry in [*self._egress_history, *live]:

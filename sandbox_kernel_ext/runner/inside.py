@@ -176,8 +176,7 @@ def _ask_open(path: str, flags: int) -> tuple[int, str | None]:
     if not reply.get("ok") or len(fds) != 1:
         for fd in fds:
             _os_close(fd)
-        raise PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
-                              path)
+        raise _refused(reply, path)
     return fds[0], reply.get("handle")
 
 
@@ -187,8 +186,13 @@ def _commit(handle: str, path: str) -> None:
     for fd in fds:
         _os_close(fd)
     if not reply.get("ok"):
-        raise PermissionError(reply.get("errno", errno.EACCES), reply.get("error", "refused"),
-                              path)
+        raise _refused(reply, path)
+
+
+def _refused(reply: dict, path: str) -> PermissionError:
+    # PermissionError appends ": 'path'" to the message, so the kernel's sentence loses its stop.
+    reason = str(reply.get("error") or "refused").rstrip(".")
+    return PermissionError(reply.get("errno", errno.EACCES), reason, path)
 
 
 class _CommitsWhenClosed:

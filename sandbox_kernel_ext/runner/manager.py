@@ -543,7 +543,10 @@ class SandboxManager:
         usage = monitor.snapshot()
         usage["cpu_seconds"] = round(max(usage.get("cpu_seconds", 0.0), child.cpu_seconds), 4)
         usage["peak_memory_mb"] = round(max(usage.get("peak_memory_mb", 0.0), child.maxrss_kb / 1024), 2)
+        if child.pid:  # a run too short for the monitor to see it still had its one process
+            usage["peak_processes"] = max(usage.get("peak_processes", 0), 1)
         usage["elapsed_seconds"] = round(usage["elapsed_seconds"], 4)
+        usage["approval_wait_seconds"] = round(usage["approval_wait_seconds"], 4)
         usage["wall_seconds"] = round(time.monotonic() - started, 4)
         if sandbox.proxy is not None:
             for name, count in sandbox.proxy.counts.items():

@@ -78,6 +78,7 @@ class ResourceMonitor:
         self._memory_mb = 0.0
         self._peak_memory_mb = 0.0
         self._processes = 0
+        self._peak_processes = 0
         self._cpu_percent = 0.0
         self._last_sample: tuple[float, float] | None = None  # (monotonic, cpu_seconds)
         self._tokens_used = 0
@@ -207,12 +208,16 @@ class ResourceMonitor:
 
     def _elapsed_locked(self) -> float:
         end = self._stopped_at if self._stopped_at is not None else time.monotonic()
+        return max(0.0, end - self._started_at - self._paused_locked(end))
+
+    def _paused_locked(self, end: float) -> float:
+        """Seconds of waiting for a person that do not count against the timeout (so far)."""
         paused = self._paused_seconds
         if self._paused_since is not None:
             paused += max(0.0, end - self._paused_since)
         if self._max_paused is not None:
             paused = min(paused, self._max_paused)
-        return max(0.0, end - self._started_at - paused)
+        return paused
 
     def _snapshot_locked(self) -> dict[str, Any]:
         return {
@@ -221,8 +226,11 @@ class ResourceMonitor:
             "tokens_used": self._tokens_used,
             "cost_usd": self._cost_usd,
             "elapsed_seconds": self._elapsed_locked(),
+            "approval_wait_seconds": self._paused_locked(
+                self._stopped_at if self._stopped_at is not None else time.monotonic()),
             "memory_mb": self._memory_mb,
             "processes": self._processes,
+            "peak_processes": self._peak_processes,
             "cpu_percent": self._cpu_percent,
         }
 
@@ -283,6 +291,7 @@ class ResourceMonitor:
             self._memory_mb = memory_mb
             self._peak_memory_mb = max(self._peak_memory_mb, memory_mb)
             self._processes = processes
+            self._peak_processes = max(self._peak_processes, processes)
             if self._last_sample is not None:
                 then, cpu_then = self._last_sample
                 if now > then:

@@ -104,5 +104,5 @@ def test_gauges_move_and_change_colour_while_the_cell_runs(open_notebook: Any) -
     frozen = nb.output(0).locator('.skx-gauges[data-frozen="true"]')
     frozen.wait_for()
     assert frozen.get_by_role("status").inner_text().startswith("Sandbox finished")
-    peak = frozen.get_by_role("meter", name="Memory (peak)", exact=True)
+    peak = frozen.get_by_role("meter", name="Memory", exact=True)
     assert peak.get_attribute("aria-valuenow") == "95"

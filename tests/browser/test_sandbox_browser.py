@@ -100,7 +100,7 @@ def test_sandboxed_cell_shows_gauges_and_waits_for_approve_then_deny(
     assert approved.read_text() == "approved in the browser\n"
     assert "written" in nb.output(1).inner_text()
     assert nb.button(1, "Approve once").is_disabled()  # the widget stays, as a record
-    nb.output(1).get_by_text("Approved once by widget").wait_for()
+    nb.output(1).get_by_text("Approved once by the person at the notebook").wait_for()
     nb.output(1).locator('.skx-gauges[data-frozen="true"]').wait_for()
 
     nb.run_cell(2)

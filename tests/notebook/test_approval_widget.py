@@ -90,8 +90,18 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
     assert k.error(msg_id) is None
     assert (tmp_path / "sync.txt").read_text() == "written while the main thread waited"
     assert "Created /data/sync.txt" in k.text(msg_id, "stdout")
-    assert_recorded(k, root, "Approved once by widget at ")
-    assert record_text(k, msg_id).splitlines()[-1].startswith("Approved once by widget at ")
+    assert_recorded(k, root, "Approved once by the person at the notebook at ")
+    record = record_text(k, msg_id).splitlines()
+    assert record[0] == ("Approval: the file toolset asks to write '/data/sync.txt' (36 bytes)")
+    assert record[1] == f"  file on this machine: {tmp_path / 'sync.txt'}"
+    assert record[-1].startswith("Approved once by the person at the notebook at ")
+    # The record says what was decided at its top, and only the chosen button keeps its colour.
+    [header, location, *_] = values(k, root, "HTMLModel")
+    assert header.startswith("<b>Approved once</b> &middot; the file toolset asked to <b>write")
+    assert f"<code>{tmp_path / 'sync.txt'}</code>" in location
+    styles = {k.states[k.button(root, d)]["description"]: k.states[k.button(root, d)]["button_style"]
+              for d in ("Approve", "Always", "Deny")}
+    assert styles == {"Approve once": "success", "Always for this session": "", "Deny": ""}
 
 
 def test_deny_raises_a_permission_error_and_writes_nothing(
@@ -113,7 +123,7 @@ def test_deny_raises_a_permission_error_and_writes_nothing(
     assert error is not None and error["ename"] == "ApprovalDeniedError"
     assert "refused in the notebook" in error["evalue"]
     assert not (tmp_path / "denied.txt").exists()
-    assert_recorded(k, root, "Denied by widget at ")
+    assert_recorded(k, root, "Denied by the person at the notebook at ")
 
 
 def test_always_from_a_background_thread_while_the_main_thread_blocks(
@@ -149,7 +159,7 @@ def test_always_from_a_background_thread_while_the_main_thread_blocks(
     # The click was handled as a request of its own; the thread's later output must still
     # be addressed to the cell, not to the click.
     assert "thread output after the decision" in k.text(msg_id)
-    assert_recorded(k, root, "Approved for this session by widget at ")
+    assert_recorded(k, root, "Approved for this session by the person at the notebook at ")
 
     again = k.run('print(tk.write("/data/thread.txt", "again, no question"))')
     assert k.displayed_models(again) == []  # the session grant answered

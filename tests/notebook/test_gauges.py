@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from sandbox_kernel_ext.notebook.gauges import SNAPSHOT_KEYS, GaugePanel, gauge_limits
+from sandbox_kernel_ext.notebook.gauges import (
+    SNAPSHOT_KEYS,
+    WAIT_WORDS,
+    GaugePanel,
+    gauge_limits,
+    summarize,
+)
 
 # The `kernel` fixture and KernelSession come from tests/notebook/conftest.py: a real kernel
 # through jupyter_client, with the test acting as the frontend.
@@ -67,7 +73,8 @@ def test_thread_updates_arrive_while_the_cell_still_runs(kernel: Any) -> None:
                     panel.update({{"cpu_seconds": i / 2, "cpu_percent": 10.0 * i,
                                    "memory_mb": 18.0 * i, "peak_memory_mb": 18.0 * i,
                                    "elapsed_seconds": float(i), "tokens_used": 100 * i,
-                                   "cost_usd": 0.01 * i, "processes": i}})
+                                   "cost_usd": 0.01 * i, "processes": i,
+                                   "approval_wait_seconds": 0.0}})
                     time.sleep(0.02)
             feeder = threading.Thread(target=feed)
             feeder.start()
@@ -127,7 +134,7 @@ def test_freeze_sends_one_summary_and_ignores_later_updates(kernel: Any) -> None
     comm_id = show_panel(kernel, "done")
     usage = {"cpu_seconds": 1.5, "cpu_percent": 0.0, "memory_mb": 0.0, "peak_memory_mb": 91.0,
              "elapsed_seconds": 20.4, "tokens_used": 10, "cost_usd": 0.002, "processes": 0,
-             "egress_allowed": 3, "egress_denied": 1}
+             "peak_processes": 2, "egress_allowed": 3, "egress_denied": 1}
     before = len(kernel.messages)
     msg_id = kernel.run(f"done.freeze({usage!r}, outcome='killed: timeout after 20 s')")
     states = updates_for(comm_id, kernel.messages[before:])
@@ -138,9 +145,9 @@ def test_freeze_sends_one_summary_and_ignores_later_updates(kernel: Any) -> None
                    if m["msg_type"] == "update_display_data"]
     text = refreshed["data"]["text/plain"]
     assert text.splitlines() == [
-        "Sandbox killed: timeout after 20 s · 0 process(es) · egress 3 allowed, 1 denied",
-        "  CPU 0% · 1.5 s of 10.0 s (15%)",
-        "  Memory (peak) 91 MB of 100 MB (91%) near limit",
+        "Sandbox killed: timeout after 20 s · 2 process(es) at peak · egress 3 allowed, 1 denied",
+        "  CPU 1.5 s of 10.0 s (15%)",
+        "  Memory peak 91 MB of 100 MB (91%) near limit",
         "  Elapsed 20.4 s of 20.0 s (102%) at limit",
         "  Tokens 10 of 1,000 (1%)",
         "  Cost $0.0020",
@@ -207,6 +214,24 @@ def test_concurrent_updates_never_overwrite_the_frozen_summary() -> None:
     assert panel.readings == {"elapsed_seconds": -1.0}
     assert sent[-1] == {"elapsed_seconds": -1.0}
     assert panel.outcome == "finished"
+
+
+def test_summary_text_of_a_run_that_waited_for_a_person() -> None:
+    readings = {"cpu_seconds": 0.5, "cpu_percent": 40.0, "memory_mb": 30.0,
+                "peak_memory_mb": 50.0, "elapsed_seconds": 2.0, "approval_wait_seconds": 7.25}
+    running = summarize(readings, LIMITS).splitlines()
+    assert running[1:4] == [
+        "  CPU 0.50 s of 10.0 s (5%) · 40% now",
+        "  Memory 30 MB of 100 MB (30%) · peak 50 MB",
+        f"  Elapsed 2.0 s of 20.0 s (10%) · 7.2 s {WAIT_WORDS}",
+    ]
+    frozen = summarize({**readings, "peak_processes": 1}, LIMITS, "finished").splitlines()
+    assert frozen[:4] == [
+        "Sandbox finished · 1 process(es) at peak",
+        "  CPU 0.50 s of 10.0 s (5%)",
+        "  Memory peak 50 MB of 100 MB (50%)",
+        f"  Elapsed 2.0 s of 20.0 s (10%) · 7.2 s {WAIT_WORDS}",
+    ]
 
 
 def test_gauge_limits_maps_the_policy_budgets() -> None:

@@ -407,7 +407,7 @@ def test_log_and_reset_cover_the_in_kernel_toolset(k: KernelSession, shared_dir:
     text = [m for m in k.outputs(msg_id) if m["msg_type"] == "execute_result"][0]
     assert "approval" in text["content"]["data"]["text/plain"]
     assert "/notes/a.txt" in text["content"]["data"]["text/plain"]
-    assert "allow_session" in text["content"]["data"]["text/html"]
+    assert "approved for session" in text["content"]["data"]["text/html"]
     assert "Forgot 1 session approval" in k.text(k.run("%sandbox reset"))
     assert value(k, "len(session_broker().grants)") == 0
 
