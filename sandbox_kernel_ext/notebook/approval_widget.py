@@ -36,6 +36,7 @@ from ..approval.responders import (
     TerminalResponder,
     printable,
 )
+from .assets import js_asset
 from .kernel_routing import (
     CellParent,
     CellTracker,
@@ -49,15 +50,9 @@ _logger = logging.getLogger(__name__)
 
 # The one message the frontend sends unasked: proof that a view exists, i.e. that someone
 # can see the buttons. It is what anywidget's `model.send` puts on the wire:
-# {"method": "custom", "content": {"event": "rendered"}} on the acknowledging widget's comm.
+# {"method": "custom", "content": {"event": "rendered"}} on the acknowledging widget's comm
+# (js/render_ack.js).
 RENDERED_EVENT = "rendered"
-_RENDER_ACK_ESM = """
-export default {
-  render({ model }) {
-    model.send({ event: "rendered" });
-  },
-};
-"""
 
 _OUTCOME = {
     Decision.allow_once: "Approved once",
@@ -70,6 +65,9 @@ _CLICK_REASON = {
     Decision.deny: "refused in the notebook",
 }
 CLICKED_BY = "the person at the notebook"  # `decided_by` of an answer given with a button
+# Disabled buttons are dimmed; the one that decided stays legible (it is the record).
+_CHOSEN_CLASS = "skx-approval-chosen"
+_CHOSEN_STYLE = f"<style>.{_CHOSEN_CLASS}:disabled {{ opacity: 1 !important; }}</style>"
 _ALWAYS_TIP = {  # the broker lets a write grant cover reads of the same path
     "read": "Allow reads of this path until the kernel restarts",
     "write": "Allow writes, and reads, of this path until the kernel restarts",
@@ -79,7 +77,7 @@ _ALWAYS_TIP = {  # the broker lets a write grant cover reads of the same path
 class RenderAck(anywidget.AnyWidget):
     """Invisible; its view's first act is to tell the kernel that it was rendered."""
 
-    _esm = _RENDER_ACK_ESM
+    _esm = js_asset("render_ack.js")
 
     def __init__(self, on_rendered: Callable[[], None]) -> None:
         super().__init__(layout=widgets.Layout(display="none"))
@@ -179,7 +177,7 @@ class ApprovalWidget(widgets.VBox):
             state, verb = "Approval needed", "wants"
         else:
             state, verb = _OUTCOME[self.decision.decision], "asked"
-        return (f"<b>{state}</b> &middot; {who} {verb} to <b>{operation}</b> "
+        return (f"{_CHOSEN_STYLE}<b>{state}</b> &middot; {who} {verb} to <b>{operation}</b> "
                 f"<code>{path}</code>{_size(request)}")
 
     def _buttons(self) -> Iterator[tuple[widgets.Button, Decision]]:
@@ -228,7 +226,9 @@ class ApprovalWidget(widgets.VBox):
         clicked = decision.decided_by == CLICKED_BY
         for button, answer in self._buttons():
             button.disabled = True
-            if not (clicked and answer is decision.decision):
+            if clicked and answer is decision.decision:
+                button.add_class(_CHOSEN_CLASS)
+            else:
                 button.button_style = ""  # only the button that decided keeps its colour
         self.header.value = self._header_html()
         self.status.value = self.outcome_text()

@@ -12,15 +12,15 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import anywidget
 import traitlets
 from IPython.display import DisplayHandle, display
 
-__all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits", "js_asset",
-           "summarize"]
+from .assets import js_asset
+
+__all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits", "summarize"]
 
 SNAPSHOT_KEYS = (
     "cpu_seconds",
@@ -40,17 +40,6 @@ LIMIT_KEYS = ("memory_mb", "cpu_seconds", "timeout_seconds", "tokens", "cost_usd
 THRESHOLDS = {"warn": 0.75, "danger": 0.9}
 # After the time a run spent waiting for a person, which its timeout does not count.
 WAIT_WORDS = "waiting for approval, not counted"
-
-
-def js_asset(name: str) -> Path:
-    """Path of a view module from `js/`: inside the wheel it ships as `sandbox_kernel_ext/js/`
-    (pyproject's force-include), in a source checkout it is the repository's top-level `js/`."""
-    package = Path(__file__).resolve().parent.parent
-    for folder in (package / "js", package.parent / "js"):
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"view module {name!r} is in neither {package / 'js'} "
-                            f"nor {package.parent / 'js'}; reinstall sandbox_kernel_ext")
 
 
 def _number(where: str, key: str, value: Any) -> float | int:

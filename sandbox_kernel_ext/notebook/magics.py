@@ -29,11 +29,11 @@ from traitlets import Bool, Enum, Float, TraitError, Unicode, observe, validate
 
 from ..approval import ApprovalBroker, ApprovalResponder, Decision, HeadlessResponder
 from ..policy.errors import CapabilityParseError, SandboxError, ToolError
-from ..policy.models import CapabilityDeclaration, FilesystemConfig, FilesystemMode, SandboxResult
+from ..policy.models import CapabilityDeclaration, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
 from ..policy.parser import CapabilityParser
 
-__all__ = ["SandboxCellError", "SandboxMagics", "Table", "default_policy"]
+__all__ = ["SandboxCellError", "SandboxMagics", "Table"]
 
 SUBCOMMANDS = ("status", "policy", "list", "log", "reset")
 # The `%%sandbox` option that carries each field a NarrowingError names.
@@ -58,18 +58,6 @@ class SandboxCellError(Exception):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this list instead of a traceback (as it does for its own errors).
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
-
-
-def default_policy(workspace: str) -> CapabilityDeclaration:
-    """The policy when none is configured: the safest one that is still useful.
-
-    No network; writes only to `workspace` (a fresh folder for this session); reads only the
-    workspace (plus the interpreter and system libraries the runner always grants); the
-    default budgets (512 MB, 30 CPU seconds). Data comes in with `-i` or by copying it into
-    the workspace; anything more needs a policy file.
-    """
-    return CapabilityDeclaration(filesystem_config=FilesystemConfig(
-        mode=FilesystemMode.read_write, writable_paths=[workspace], readable_paths=[]))
 
 
 @dataclass
@@ -247,7 +235,8 @@ class SandboxMagics(Magics):
         path = path or self.policy
         if path:
             return CapabilityParser.from_file(path), path
-        return default_policy(self.workspace), f"built-in default (workspace {self.workspace})"
+        return (CapabilityDeclaration.workspace_only(self.workspace),
+                f"built-in default (workspace {self.workspace})")
 
     def _sandbox_for(self, policy: CapabilityDeclaration, source: str) -> str:
         """The session's sandbox, re-made when the effective policy changes."""
@@ -376,6 +365,9 @@ class SandboxMagics(Magics):
         except SandboxError as exc:
             run.finish(None, f"failed: {exc}")
             raise SandboxCellError(str(exc)) from None
+        except BaseException as exc:  # a bug of ours: the gauges still stop, the error shows
+            run.finish(None, f"failed: {type(exc).__name__}")
+            raise
         self.last_result = result
         run.finish(result, _outcome(result))
         if result.exit_code == 0 and result.killed is None:
@@ -491,13 +483,18 @@ class SandboxMagics(Magics):
                      rows)
 
     def _show_log(self) -> Table:
+        from .approval_widget import CLICKED_BY, asker
+
         rows: list[tuple[float, list[str]]] = []
         for record in self.broker.log:
             request, decision = record.request, record.decision
             what = f"{request.operation} {request.path}"
+            why = decision.decided_by
+            if why != CLICKED_BY:  # a click's reason only repeats the decision
+                why += f": {decision.reason}"
             rows.append((decision.decided_at, [_clock(decision.decided_at), "approval",
-                                               request.source, what, _DECIDED[decision.decision],
-                                               f"{decision.decided_by}: {decision.reason}"]))
+                                               asker(request.source), what,
+                                               _DECIDED[decision.decision], why]))
         live = [e for sid in self._sandboxes_seen for e in self._egress_of(sid)]
         for entry in [*self._egress_history, *live]:
             port = f":{entry.get('port')}" if entry.get("port") else ""

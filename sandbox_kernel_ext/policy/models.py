@@ -180,6 +180,18 @@ class CapabilityDeclaration(_Model):
             return None
         return SandboxConfig(root=self.root, paths=self.paths)
 
+    @classmethod
+    def workspace_only(cls, workspace: str) -> CapabilityDeclaration:
+        """The safest policy that is still useful, for a session with no policy file.
+
+        No network; writes only to `workspace` (a folder made for the session); reads only the
+        workspace (plus the interpreter and system libraries the runner always grants); the
+        default budgets. Data comes in as cell inputs or by copying it into the workspace;
+        anything more needs a policy file.
+        """
+        return cls(filesystem_config=FilesystemConfig(
+            mode=FilesystemMode.read_write, writable_paths=[workspace], readable_paths=[]))
+
 
 class SandboxResult(_Model):
     exit_code: int

@@ -90,7 +90,7 @@ def run_cell(plan: ChildPlan) -> int:
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     namespace: dict[str, Any] = main.__dict__
-    namespace.update(payload.get("inputs") or {})
+    namespace.update(pickle.loads(payload["inputs"]))
     linecache.cache[CELL_FILENAME] = (len(code_text), None, code_text.splitlines(True), CELL_FILENAME)
     exit_code = 0
     try:

@@ -306,7 +306,10 @@ class SandboxManager:
             raise SandboxError("code must be a string")
         outputs = list(outputs)
         try:
-            payload = pickle.dumps({"code": code, "inputs": dict(inputs or {}), "outputs": outputs,
+            # Inputs are pickled apart: the cell unpickles them after its hooks are in place,
+            # so an input's own code (a __reduce__) already meets them.
+            payload = pickle.dumps({"code": code, "inputs": pickle.dumps(dict(inputs or {})),
+                                    "outputs": outputs,
                                     "policy": self._child_view(self._get(sandbox_id))})
         except Exception as exc:  # noqa: BLE001
             raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None

@@ -211,7 +211,9 @@ class KernelSession:
         `model.send(content)` puts {"method": "custom", "content": content} on its comm."""
         ack = self.find(root, "AnyModel")
         assert ack is not None, f"no render-acknowledging anywidget under {root}"
-        assert 'model.send({ event: "rendered" })' in self.states[ack]["_esm"]
+        # The view is js/render_ack.js, whose node test shows it sends exactly this.
+        view = Path(__file__).resolve().parents[2] / "js" / "render_ack.js"
+        assert self.states[ack]["_esm"] == view.read_text()
         return self.send_comm_msg(ack, {"method": "custom", "content": {"event": "rendered"}})
 
     # ----------------------------------------------------------------- hygiene

@@ -11,6 +11,7 @@ acknowledges the render as the widget's JS does, and clicks with a comm_msg the 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -84,6 +85,8 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
         print(tk.write("/data/sync.txt", "written while the main thread waited"))
         """,
     )
+    countdown = [v for v in values(k, root, "LabelModel") if v.startswith("Waiting")]
+    assert countdown and re.fullmatch(r"Waiting for your answer; denies in 1[0-2]\d s\.", countdown[0])
     k.click(root, "Approve")
     k.wait_idle(msg_id)
 
@@ -97,11 +100,12 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
     assert record[-1].startswith("Approved once by the person at the notebook at ")
     # The record says what was decided at its top, and only the chosen button keeps its colour.
     [header, location, *_] = values(k, root, "HTMLModel")
-    assert header.startswith("<b>Approved once</b> &middot; the file toolset asked to <b>write")
+    assert "<b>Approved once</b> &middot; the file toolset asked to <b>write" in header
     assert f"<code>{tmp_path / 'sync.txt'}</code>" in location
     styles = {k.states[k.button(root, d)]["description"]: k.states[k.button(root, d)]["button_style"]
               for d in ("Approve", "Always", "Deny")}
     assert styles == {"Approve once": "success", "Always for this session": "", "Deny": ""}
+    assert "skx-approval-chosen" in k.states[k.button(root, "Approve")]["_dom_classes"]
 
 
 def test_deny_raises_a_permission_error_and_writes_nothing(

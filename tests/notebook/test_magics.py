@@ -408,6 +408,7 @@ def test_log_and_reset_cover_the_in_kernel_toolset(k: KernelSession, shared_dir:
     assert "approval" in text["content"]["data"]["text/plain"]
     assert "/notes/a.txt" in text["content"]["data"]["text/plain"]
     assert "approved for session" in text["content"]["data"]["text/html"]
+    assert "the file toolset" in text["content"]["data"]["text/plain"]
     assert "Forgot 1 session approval" in k.text(k.run("%sandbox reset"))
     assert value(k, "len(session_broker().grants)") == 0
 
