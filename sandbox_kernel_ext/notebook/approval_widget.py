@@ -100,13 +100,14 @@ def _describe(request: ApprovalRequest) -> str:
 
 
 def asker(source: str) -> str:
-    """Who asks, in a person's words: the runner names a sandboxed cell's requests
-    `toolset:sandbox:<id>`, a toolset its own `toolset:<id>`; anything else is shown as is."""
+    """Who asks, in a person's words: `sandbox:<id>` (a sandbox's egress), the runner's
+    `toolset:sandbox:<id>` (a sandboxed cell's gated files), a toolset's own `toolset:<id>`;
+    anything else is shown as is."""
+    if source.startswith(("sandbox:", "toolset:sandbox:")):
+        return f"the sandboxed cell (sandbox {source.rsplit(':', 1)[1]})"
     kind, _, name = source.partition(":")
     if kind != "toolset":
         return source
-    if name.startswith("sandbox:"):
-        return f"the sandboxed cell (sandbox {name.removeprefix('sandbox:')})"
     return "the file toolset" if name == "filesystem" else f"the file toolset '{name}'"
 
 

@@ -500,7 +500,7 @@ class SandboxMagics(Magics):
             port = f":{entry.get('port')}" if entry.get("port") else ""
             what = f"{entry.get('method', '')} {entry.get('host', '')}{port}".strip()
             stamp = float(entry.get("time") or 0)
-            source = f"sandbox:{str(entry.get('sandbox_id'))[:8]}"
+            source = asker(f"sandbox:{str(entry.get('sandbox_id'))[:8]}")
             rows.append((stamp, [_clock(stamp), "egress", source, what,
                                  "allowed" if entry.get("allowed") else "denied",
                                  str(entry.get("reason", ""))]))

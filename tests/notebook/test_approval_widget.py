@@ -437,3 +437,13 @@ def test_a_kernel_without_subshells_gets_the_headless_decision_and_the_reason(
     assert "the headless decision (deny) answered write '/data/t.txt'" in streams["stderr"]
     assert "InProcessKernel has no shell channel thread" in streams["stderr"]
     assert not (tmp_path / "t.txt").exists()
+
+
+def test_askers_are_named_in_words() -> None:
+    from sandbox_kernel_ext.notebook.approval_widget import asker
+
+    assert asker("toolset:sandbox:4dd167f4") == "the sandboxed cell (sandbox 4dd167f4)"
+    assert asker("sandbox:4dd167f4") == "the sandboxed cell (sandbox 4dd167f4)"
+    assert asker("toolset:filesystem") == "the file toolset"
+    assert asker("toolset:notes") == "the file toolset 'notes'"
+    assert asker("reviewer bot") == "reviewer bot"
