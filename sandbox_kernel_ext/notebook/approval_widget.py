@@ -226,11 +226,12 @@ class ApprovalWidget(widgets.VBox):
             self.answered.set()
         clicked = decision.decided_by == CLICKED_BY
         for button, answer in self._buttons():
-            button.disabled = True
-            if clicked and answer is decision.decision:
-                button.add_class(_CHOSEN_CLASS)
-            else:
-                button.button_style = ""  # only the button that decided keeps its colour
+            with button.hold_sync():  # one message a button: the asking code is waiting
+                button.disabled = True
+                if clicked and answer is decision.decision:
+                    button.add_class(_CHOSEN_CLASS)
+                else:
+                    button.button_style = ""  # only the button that decided keeps its colour
         self.header.value = self._header_html()
         self.status.value = self.outcome_text()
         if self.render_ack in self.children:  # saved notebooks need no anywidget to show it
