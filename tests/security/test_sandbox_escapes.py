@@ -20,6 +20,7 @@ uid-65534 process whose environment carries this module's marker or one of our s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -977,16 +978,28 @@ def test_udp_sendto_kernel_loopback_fails(env: Env) -> None:
         receiver.close()
 
 
-def test_pathname_unix_socket_of_the_kernel_is_unreachable(env: Env) -> None:
+@contextlib.contextmanager
+def _host_unix_socket(kind: int, name: str) -> Iterator[tuple[socket.socket, str]]:
+    """A unix socket of the host's, bound at a path that file permissions let 65534 reach."""
     folder = tempfile.mkdtemp(prefix="sbx-escape-sock-", dir="/tmp")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = socket.socket(socket.AF_UNIX, kind)
     try:
         os.chmod(folder, 0o777)
-        path = os.path.join(folder, "kernel.sock")
+        path = os.path.join(folder, name)
         server.bind(path)
-        os.chmod(path, 0o777)  # file permissions would let 65534 connect
-        server.listen(4)
+        os.chmod(path, 0o777)
+        if kind == socket.SOCK_STREAM:
+            server.listen(4)
         server.setblocking(False)
+        yield server, path
+        assert os.listdir(folder) == [name]
+    finally:
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_pathname_unix_socket_of_the_kernel_is_unreachable(env: Env) -> None:
+    with _host_unix_socket(socket.SOCK_STREAM, "kernel.sock") as (server, path):
         code = """
 def connect():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -997,24 +1010,13 @@ out = attempt(connect)
         out = _ok_run(env.py(code, inputs={"path": path}))
         _denied(out, errno.EAFNOSUPPORT, errno.EACCES, errno.EPERM)
         _assert_no_connection(server)
-        assert os.listdir(folder) == ["kernel.sock"]
-    finally:
-        server.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_datagram_socketpair_cannot_reach_a_pathname_socket_of_the_host(env: Env) -> None:
     """Found in review: a SOCK_DGRAM pair can be re-pointed at any pathname datagram socket
     (sendto/connect to a path; Landlock does not check either), e.g. /dev/log or systemd's
     notify socket, even carrying descriptors. Only stream pairs (multiprocessing's) may exist."""
-    folder = tempfile.mkdtemp(prefix="sbx-escape-dgram-", dir="/tmp")
-    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        os.chmod(folder, 0o777)
-        path = os.path.join(folder, "notify.sock")
-        host.bind(path)
-        os.chmod(path, 0o777)  # file permissions would let 65534 send
-        host.setblocking(False)
+    with _host_unix_socket(socket.SOCK_DGRAM, "notify.sock") as (host, path):
         code = """
 def sendto():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -1041,9 +1043,6 @@ out = [attempt(sendto), attempt(reconnect), attempt(seqpacket), stream_pair_stil
         assert stream == "ping"
         with pytest.raises(BlockingIOError):
             host.recv(100)  # nothing arrived
-    finally:
-        host.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @needs_scoping
