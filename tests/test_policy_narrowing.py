@@ -184,7 +184,8 @@ def test_a_narrowed_policy_is_a_valid_policy(tree: Path) -> None:
     cell = narrow(_ceiling(tree), Narrowing(max_memory_mb=32, allow_net=("api.example.com",),
                                             allow_write=(str(tree / "rw"),)))
     again = CapabilityDeclaration.model_validate(cell.model_dump())
-    assert again == cell
+    assert again.model_dump() == cell.model_dump()  # the rate windows it is charged to are
+    assert again != cell  # a link to the session's rules, made by narrowing, never by a file
     assert os.path.isabs(cell.filesystem_config.writable_paths[0])
 
 
@@ -217,3 +218,66 @@ def test_narrowed_rules_keep_only_the_private_ranges_every_covering_rule_names()
     local, api = narrow_network(rules, ["localhost:8000", "api.corp.test"])
     assert local.private_networks == ["127.0.0.0/8"]
     assert api.private_networks == ["10.0.0.0/8"]  # 127/8 is named by only one of the two
+
+
+# -- found in review: narrowing that widened ----------------------------------------------------
+
+def test_a_folder_holding_a_gated_root_is_refused_under_read_everywhere(tree: Path) -> None:
+    """Naming the folder around a read-approval root gave a plain read of everything in it:
+    the narrowed policy had no path table left to gate it."""
+    ceiling = _ceiling(tree, filesystem_config={"mode": "read_only"},
+                       paths={"inbox": {"root": str(tree / "gated_read"), "mode": "ro",
+                                        "read_approval": True}})
+    with pytest.raises(NarrowingError, match="approval-gated") as caught:
+        narrow(ceiling, Narrowing(allow_read=(str(tree),)))
+    assert caught.value.field == "allow_read" and str(tree / "gated_read") in str(caught.value)
+    beside = narrow(ceiling, Narrowing(allow_read=(str(tree / "other"),)))
+    assert beside.filesystem_config.readable_paths == [str(tree / "other")]
+    kept = narrow(ceiling, Narrowing(allow_read=(str(tree / "gated_read"),)))
+    assert kept.paths is not None and kept.paths["inbox"].read_approval
+
+
+def _charge(rules: list, host: str, times: int) -> list[bool]:
+    from sandbox_kernel_ext.policy.egress import EgressFilter, RateLimiter
+
+    egress = EgressFilter(rules, limiter=RateLimiter())
+    return [egress.acquire_authority(host, 443).allowed for _ in range(times)]
+
+
+def test_a_wildcard_keeps_the_stricter_rules_for_hosts_under_it() -> None:
+    """`--allow-net '*.zone'` dropped the session's own rule for `h.zone`, so that host got
+    the wildcard's private ranges and rate instead of its own."""
+    from sandbox_kernel_ext.policy.egress import EgressFilter
+    from sandbox_kernel_ext.policy.models import NetworkEgressRule
+    from sandbox_kernel_ext.policy.narrowing import narrow_network
+
+    ceiling = [
+        NetworkEgressRule(domain="*.example.test", rate_limit_per_min=100,
+                          private_networks=["127.0.0.1/32"]),
+        NetworkEgressRule(domain="h.example.test", rate_limit_per_min=3),
+    ]
+    cell = narrow_network(ceiling, ["*.example.test:443"])
+    decided = EgressFilter(cell).decide_authority("h.example.test", 443)
+    assert decided.allowed and decided.rule is not None
+    assert decided.rule.private_networks == [] and decided.rule.rate_limit_per_min == 3
+    assert _charge(cell, "h.example.test", 4) == [True, True, True, False]
+    other = EgressFilter(cell).decide_authority("x.example.test", 443)
+    assert other.rule is not None and other.rule.private_networks == ["127.0.0.1/32"]
+
+
+def test_a_narrowed_destination_is_charged_as_the_session_rules_that_cover_it() -> None:
+    """Each narrowed destination had a rate window of its own, so naming hosts one by one
+    (or in a later cell) multiplied the session's rate."""
+    from sandbox_kernel_ext.policy.egress import EgressFilter, RateLimiter
+    from sandbox_kernel_ext.policy.models import NetworkEgressRule
+    from sandbox_kernel_ext.policy.narrowing import narrow_network
+
+    ceiling = [NetworkEgressRule(domain="*.example.test", rate_limit_per_min=3)]
+    limiter = RateLimiter()  # one per session, shared by all its sandboxes
+    session = EgressFilter(ceiling, limiter=limiter)
+    cells = [EgressFilter(narrow_network(ceiling, [f"h{i}.example.test"]), limiter=limiter)
+             for i in range(4)]
+    assert session.acquire_authority("h9.example.test", 443).allowed
+    verdicts = [cell.acquire_authority(f"h{i}.example.test", 443) for i, cell in enumerate(cells)]
+    assert [v.allowed for v in verdicts] == [True, True, False, False]
+    assert "rate limit 3/min for *.example.test reached" in verdicts[2].reason

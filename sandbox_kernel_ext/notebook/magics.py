@@ -240,7 +240,9 @@ class SandboxMagics(Magics):
 
     def _sandbox_for(self, policy: CapabilityDeclaration, source: str) -> str:
         """The session's sandbox, re-made when the effective policy changes."""
-        key = json.dumps([policy.model_dump(mode="json"), str(policy.base_path)], sort_keys=True)
+        key = json.dumps([policy.model_dump(mode="json"), str(policy.base_path),
+                          [rule.rate_windows for rule in policy.network_egress_rules]],
+                         sort_keys=True)
         if self._current is not None and self._current.key == key:
             return self._current.sandbox_id
         self._drop_sandbox()

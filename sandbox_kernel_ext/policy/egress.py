@@ -211,15 +211,30 @@ class RateLimiter:
 
     def try_acquire(self, key: Hashable, limit: int) -> tuple[bool, float]:
         """Count one use of `key` if under `limit`: `(acquired, seconds until a slot frees)`."""
+        acquired, wait, _ = self.try_acquire_all([(key, limit)])
+        return acquired, wait
+
+    def try_acquire_all(
+        self, windows: Iterable[tuple[Hashable, int]]
+    ) -> tuple[bool, float, tuple[Hashable, int] | None]:
+        """Count one use in every `(key, limit)` window, or in none if any is full:
+        `(acquired, seconds until every one has a slot, the first full window)`."""
         with self._lock:
             now = self._clock()
-            hits = self._hits.setdefault(key, deque())
-            while hits and hits[0] <= now - self._window:
-                hits.popleft()
-            if len(hits) < limit:
+            logs, wait, full = [], 0.0, None
+            for key, limit in windows:
+                hits = self._hits.setdefault(key, deque())
+                while hits and hits[0] <= now - self._window:
+                    hits.popleft()
+                if len(hits) >= limit:
+                    wait = max(wait, hits[len(hits) - limit] + self._window - now)
+                    full = full or (key, limit)
+                logs.append(hits)
+            if full is not None:
+                return False, wait, full
+            for hits in logs:
                 hits.append(now)
-                return True, 0.0
-            return False, hits[len(hits) - limit] + self._window - now
+            return True, 0.0, None
 
 
 class EgressFilter:
@@ -227,8 +242,9 @@ class EgressFilter:
 
     When several rules match, the most specific wins (exact host over wildcard, longer
     wildcard over shorter, then the earlier rule), and its rate limit is the one charged.
-    A rule's window is kept by its destination (domain and ports), so filters sharing one
-    `limiter` (every sandbox of a session) share it: a new sandbox is no fresh allowance.
+    A rule's window is kept by its destination (domain and ports; a narrowed rule is charged
+    to the windows of the session rules it came from), so filters sharing one `limiter`
+    (every sandbox of a session) share them: a new sandbox is no fresh allowance.
     """
 
     def __init__(
@@ -324,11 +340,12 @@ class EgressFilter:
         rule = decision.rule
         if not decision.allowed or rule is None:
             return decision
-        key = (rule.domain, tuple(sorted(rule.ports)))
-        acquired, retry_after = self._limiter.try_acquire(key, rule.rate_limit_per_min)
+        acquired, retry_after, full = self._limiter.try_acquire_all(rule.rate_windows)
         if acquired:
             return decision
-        limit = f"{rule.rate_limit_per_min}/min for {_shown_host(rule.domain)}"
+        assert full is not None
+        (domain, _), per_minute = full
+        limit = f"{per_minute}/min for {_shown_host(domain)}"
         return replace(
             decision, allowed=False, reason=f"rate limit {limit} reached", retry_after=retry_after
         )

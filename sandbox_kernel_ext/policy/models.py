@@ -10,6 +10,7 @@ import enum
 import ipaddress
 import re
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from pydantic import (
@@ -25,6 +26,7 @@ from pydantic import (
 from .file_limits import FileLimits
 from .path_config import PathConfig, RootSandboxConfig, SandboxConfig, check_root_names
 
+RateWindow = tuple[tuple[str, tuple[int, ...]], int]  # ((domain, ports), limit per minute)
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
@@ -100,10 +102,27 @@ class NetworkEgressRule(_Model):
         default_factory=list
     )
 
+    # Set by narrowing only, never from a file: the session rules' rate windows a narrowed
+    # rule is charged to, so that naming a destination is never a fresh allowance.
+    _charged_to: tuple[RateWindow, ...] = PrivateAttr(default=())
+
     @field_validator("domain")
     @classmethod
     def _domain(cls, value: str) -> str:
         return normalize_domain(value)
+
+    @property
+    def rate_windows(self) -> tuple[RateWindow, ...]:
+        """The `((domain, ports), limit)` windows a request this rule allows counts against:
+        its own, or for a narrowed rule those of the session rules that covered it."""
+        own = ((self.domain, tuple(sorted(self.ports))), self.rate_limit_per_min)
+        return self._charged_to or (own,)
+
+    def charged_as(self, covering: Iterable[NetworkEgressRule]) -> NetworkEgressRule:
+        """This rule, counted against every window of `covering` (what narrowing derives it
+        from); returns itself."""
+        self._charged_to = tuple(dict.fromkeys(w for rule in covering for w in rule.rate_windows))
+        return self
 
 
 class FilesystemConfig(_Model):

@@ -106,11 +106,12 @@ def narrow(
 def narrow_network(
     rules: Sequence[NetworkEgressRule], requested: Iterable[str]
 ) -> list[NetworkEgressRule]:
-    """One rule per requested destination, each allowed by `rules` (ports and rate too)."""
-    return [_narrow_destination(rules, text) for text in requested]
+    """The rules for the requested destinations, each allowed by `rules` (ports, private
+    ranges and rate too), and charged to the rate windows of the rules that allow it."""
+    return [rule for text in requested for rule in _narrow_destination(rules, text)]
 
 
-def _narrow_destination(rules: Sequence[NetworkEgressRule], text: str) -> NetworkEgressRule:
+def _narrow_destination(rules: Sequence[NetworkEgressRule], text: str) -> list[NetworkEgressRule]:
     wildcard = text.strip().startswith("*.")
     try:
         host, port = parse_authority(text.strip()[2:] if wildcard else text.strip())
@@ -139,8 +140,27 @@ def _narrow_destination(rules: Sequence[NetworkEgressRule], text: str) -> Networ
     rate = min(rule.rate_limit_per_min for rule in covering)
     # Private ranges only where every covering rule names them (narrowing never widens).
     private = sorted(set.intersection(*(set(rule.private_networks) for rule in covering)))
-    return NetworkEgressRule(domain=domain, ports=ports, rate_limit_per_min=rate,
-                             private_networks=private)
+    narrowed = NetworkEgressRule(domain=domain, ports=ports, rate_limit_per_min=rate,
+                                 private_networks=private).charged_as(covering)
+    return [narrowed, *_under(rules, domain, port)] if wildcard else [narrowed]
+
+
+def _under(rules: Sequence[NetworkEgressRule], wildcard: str, port: int | None
+           ) -> list[NetworkEgressRule]:
+    """The session's more specific rules for names under `wildcard`, kept as they are (on
+    `port` only, if one was asked for): in the session they, not the wildcard, decide for
+    their hosts, with their own private ranges and rate."""
+    zone = EgressFilter([NetworkEgressRule(domain=wildcard)])
+    kept = []
+    for rule in rules:
+        name = rule.domain.removeprefix("*.")
+        if rule.domain == wildcard or not zone.rules_for_domain(name):
+            continue
+        if port is not None and rule.ports and port not in rule.ports:
+            continue  # for this port the session's wildcard decides, as it does here
+        copy = rule.model_copy(update={"ports": [port]} if port is not None else {})
+        kept.append(copy.charged_as([rule]))
+    return kept
 
 
 def _covering(rules: Sequence[NetworkEgressRule], domain: str) -> list[NetworkEgressRule]:
@@ -202,8 +222,22 @@ class _Ceiling:
     def table_root(self, path: str) -> _TableRoot | None:
         return next((root for root in self.table if is_within(path, root.host)), None)
 
+    def holds_gated(self, path: str, *, write: bool) -> str | None:
+        """Why naming `path` is refused when it holds a root the table gates (for a read, a
+        read-gated one; for a write, any): the narrowed policy has no table left to gate it."""
+        held = next((root for root in self.table if root.host != path
+                     and is_within(root.host, path)
+                     and (root.gated if write else root.config.read_approval)), None)
+        if held is None:
+            return None
+        return (f"it holds {held.host}, an approval-gated root of the session policy's path "
+                "table; name that root itself (it stays gated) or folders beside it")
+
     def fs_readable(self, path: str) -> str | None:
         """None when `path` is readable; else why not."""
+        held = self.holds_gated(path, write=False)
+        if held is not None:
+            return held
         if any(is_within(path, p) for p in [*self.readable, *self.writable]):
             return None
         if self.everywhere:
@@ -215,6 +249,9 @@ class _Ceiling:
         return "it is outside what the session policy lets a sandbox read" + self._listing()
 
     def fs_writable(self, path: str) -> str | None:
+        held = self.holds_gated(path, write=True)
+        if held is not None:
+            return held
         if any(is_within(path, p) for p in self.writable):
             return None
         return "it is outside what the session policy lets a sandbox write" + self._listing()

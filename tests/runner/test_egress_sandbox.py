@@ -237,6 +237,24 @@ for _ in range(3):
         silent.close()
 
 
+def test_a_narrowed_sandbox_shares_the_session_rules_rate_window(web) -> None:
+    """Found in review: a narrowed destination had a window of its own, a fresh allowance
+    for every cell that named a host."""
+    from sandbox_kernel_ext.policy.narrowing import Narrowing, narrow
+
+    ceiling = CapabilityDeclaration.model_validate({"network_egress_rules": [
+        {"domain": "*.wild.test", "ports": [web], "rate_limit_per_min": 2,
+         "private_networks": ["127.0.0.0/8"]}]})
+    cell = narrow(ceiling, Narrowing(allow_net=(f"y.wild.test:{web}",)))
+    with SandboxManager(egress_resolver=_resolve) as manager:
+        session, narrowed = manager.create_sandbox(ceiling), manager.create_sandbox(cell)
+        first = _run(manager, session, FETCH + f"""
+out = {{"r": [fetch("http://x.wild.test:{web}/")[0] for _ in range(2)]}}""")
+        later = _run(manager, narrowed, FETCH + f'out = {{"r": fetch("http://y.wild.test:{web}/")}}')
+    assert first["r"] == [200, 200]
+    assert later["r"][0] == 429 and "rate limit 2/min for *.wild.test" in later["r"][1]
+
+
 def test_no_rules_means_no_listener_and_no_proxy_variables(net_manager) -> None:
     sid = net_manager.create_sandbox(CapabilityDeclaration())
     result = net_manager.run_python(sid, """
