@@ -124,6 +124,14 @@ def _names(groups: list[list[str]] | None, option: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _unquoted(text: str) -> str:
+    """IPython splits a magic's line keeping quotes (`"/my data"` stays one word, quotes and
+    all): a path or domain in matching quotes means what is inside them."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 def _clock(timestamp: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(timestamp)) if timestamp else ""
 
@@ -396,6 +404,8 @@ class SandboxMagics(Magics):
 
     def _effective(self, args: Any) -> tuple[CapabilityDeclaration, str, float]:
         """The cell's policy and timeout: the ceiling narrowed by the options, or UsageError."""
+        if args.policy:
+            args.policy = _unquoted(args.policy)
         if args.policy and not self.allow_policy_override:
             raise UsageError("--policy: this session does not let a cell choose its policy "
                              "(SandboxMagics.allow_policy_override is False)")
@@ -407,8 +417,9 @@ class SandboxMagics(Magics):
 
         request = Narrowing(
             max_memory_mb=args.memory, max_cpu_seconds=args.cpu,
-            allow_read=tuple(args.allow_read), allow_write=tuple(args.allow_write),
-            allow_net=tuple(args.allow_net),
+            allow_read=tuple(map(_unquoted, args.allow_read)),
+            allow_write=tuple(map(_unquoted, args.allow_write)),
+            allow_net=tuple(map(_unquoted, args.allow_net)),
         )
         try:
             # The credential list walks every home folder: only paths being named need it.

@@ -263,6 +263,18 @@ open({str(shared_dir / 'no.txt')!r}, 'w').write('no')
     assert "PermissionError" in error_line(k, msg_id)
 
 
+def test_a_quoted_path_with_a_space_names_that_path(k: KernelSession, shared_dir: Path) -> None:
+    (shared_dir / "out dir").mkdir()
+    (shared_dir / "out dir").chmod(0o777)
+    k.run(f"%config SandboxMagics.policy = {str(rw_policy(shared_dir))!r}")
+    for quote in '"', "'":
+        msg_id = cell(k, f"""%%sandbox --quiet --allow-write {quote}{shared_dir / 'out dir'}{quote}
+open({str(shared_dir / 'out dir' / 'ok.txt')!r}, 'w').write('ok')
+""")
+        assert k.error(msg_id) is None, error_line(k, msg_id)
+    assert (shared_dir / "out dir" / "ok.txt").read_text() == "ok"
+
+
 def test_one_sandbox_per_effective_policy(k: KernelSession) -> None:
     k.run("%%sandbox --quiet\npass")
     k.run("%%sandbox --quiet\npass")
