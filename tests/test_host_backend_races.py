@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -363,14 +364,21 @@ def test_toolset_reads_and_writes_race_a_symlink_swap_without_escaping(tmp_path:
                 else:
                     sub.mkdir()
                     (sub / "secret.txt").write_text("inside")
+                    time.sleep(0.0005)  # a real folder for a moment, so some calls succeed
             except OSError:
                 pass
+
+    def seen_both() -> bool:
+        return outcomes.get("PathNotInSandboxError", 0) > 0 and (
+            outcomes.get("read", 0) + outcomes.get("write", 0) > 0)
 
     swapper = threading.Thread(target=swap)
     swapper.start()
     outcomes: dict[str, int] = {}
     try:
-        for i in range(3000):
+        for i in range(30_000):  # at least 3,000 calls, more until both outcomes were seen
+            if i >= 3000 and seen_both():
+                break
             try:
                 if i % 2:
                     content = tools.read("/data/sub/secret.txt").content
