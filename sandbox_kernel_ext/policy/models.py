@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (

@@ -206,8 +206,11 @@ class ResourceMonitor:
         with self._lock:
             return self._elapsed_locked()
 
-    def _elapsed_locked(self) -> float:
-        end = self._stopped_at if self._stopped_at is not None else time.monotonic()
+    def _end_locked(self) -> float:
+        return self._stopped_at if self._stopped_at is not None else time.monotonic()
+
+    def _elapsed_locked(self, end: float | None = None) -> float:
+        end = self._end_locked() if end is None else end
         return max(0.0, end - self._started_at - self._paused_locked(end))
 
     def _paused_locked(self, end: float) -> float:
@@ -220,14 +223,14 @@ class ResourceMonitor:
         return paused
 
     def _snapshot_locked(self) -> dict[str, Any]:
+        end = self._end_locked()  # one instant for both clocks: they add up to the wall time
         return {
             "cpu_seconds": self._cpu_seconds,
             "peak_memory_mb": self._peak_memory_mb,
             "tokens_used": self._tokens_used,
             "cost_usd": self._cost_usd,
-            "elapsed_seconds": self._elapsed_locked(),
-            "approval_wait_seconds": self._paused_locked(
-                self._stopped_at if self._stopped_at is not None else time.monotonic()),
+            "elapsed_seconds": self._elapsed_locked(end),
+            "approval_wait_seconds": self._paused_locked(end),
             "memory_mb": self._memory_mb,
             "processes": self._processes,
             "peak_processes": self._peak_processes,
