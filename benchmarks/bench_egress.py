@@ -42,7 +42,7 @@ except ImportError:  # run from a checkout without the package installed
 from _common import fmt_ns
 from sandbox_kernel_ext.policy.egress import EgressFilter
 from sandbox_kernel_ext.policy.models import NetworkEgressRule
-from sandbox_kernel_ext.runner.egress_proxy import EgressProxy
+from sandbox_kernel_ext.runner.trusted.egress_proxy import EgressProxy
 
 PYTHON = os.path.realpath(sys.executable)
 SMALL_BYTES = 100

@@ -43,7 +43,7 @@ panel.show()
 MONITORED = """
 import subprocess, time
 from sandbox_kernel_ext.policy.models import ResourceLimits
-from sandbox_kernel_ext.runner.monitor import ResourceMonitor
+from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor
 child = subprocess.Popen(["sleep", "600"])
 monitor = ResourceMonitor(ResourceLimits(), interval={interval})
 unsubscribe = monitor.subscribe(panel.update)

@@ -58,9 +58,9 @@ except ImportError:  # run from a checkout without the package installed
 
 from _common import fmt_ns
 from sandbox_kernel_ext.policy.models import CapabilityDeclaration, ResourceLimits
-from sandbox_kernel_ext.runner.isolation import missing_layers
-from sandbox_kernel_ext.runner.manager import SandboxManager
-from sandbox_kernel_ext.runner.monitor import ResourceMonitor
+from sandbox_kernel_ext.runner.trusted.isolation import missing_layers
+from sandbox_kernel_ext.runner.trusted.manager import SandboxManager
+from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor
 
 now = time.perf_counter_ns
 

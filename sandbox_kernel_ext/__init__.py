@@ -20,11 +20,9 @@ from .files import (
     DirEntry,
     EditResult,
     FileSystemToolset,
-    FilesystemTool,
     FileView,
     ListResult,
     ReadResult,
-    Tool,
     WriteResult,
     filesystem_list,
     filesystem_read,
@@ -71,20 +69,13 @@ from .policy import (
     validate_path_access,
 )
 from .notebook import load_ipython_extension, unload_ipython_extension
-from .runner.inside import report_usage
-from .runner.isolation import isolation_report
-from .runner.manager import SandboxManager
-from .runner.monitor import ResourceMonitor
+from .runner.child.inside import report_usage
+from .runner.trusted.isolation import isolation_report
+from .runner.trusted.manager import SandboxManager
+from .runner.trusted.monitor import ResourceMonitor
+from .tools import FilesystemTool, TerminalTool, Tool
 
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> object:
-    if name == "TerminalTool":
-        from .runner.terminal import TerminalTool
-
-        return TerminalTool
-    raise AttributeError(name)
 
 __all__ = [
     "ApprovalBroker", "ApprovalDecision", "ApprovalDeniedError", "ApprovalRecord",

@@ -23,7 +23,7 @@ import pytest
 
 from sandbox_kernel_ext.policy.egress import EgressFilter
 from sandbox_kernel_ext.policy.models import NetworkEgressRule
-from sandbox_kernel_ext.runner.egress_proxy import EgressProxy
+from sandbox_kernel_ext.runner.trusted.egress_proxy import EgressProxy
 
 LOOPBACK_ONLY = ["127.0.0.1/32"]
 WAIT = 10.0  # liveness bound for every blocking read in these tests
@@ -729,7 +729,7 @@ def test_failing_on_decision_is_logged_not_raised(
         opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{listener.getsockname()[1]}"})
         )
-        with caplog.at_level(logging.ERROR, "sandbox_kernel_ext.runner.egress_proxy"):
+        with caplog.at_level(logging.ERROR, "sandbox_kernel_ext.runner.trusted.egress_proxy"):
             with opener.open(f"http://allowed.test:{http_upstream.port}/hello", timeout=WAIT) as r:
                 assert r.read() == b"hello from upstream"
         assert "on_decision failed" in caplog.text and "callback broke" in caplog.text

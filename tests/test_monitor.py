@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sandbox_kernel_ext.policy.models import ResourceLimits
-from sandbox_kernel_ext.runner.monitor import ResourceMonitor
+from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses POSIX process groups")
 

@@ -27,7 +27,7 @@ from sandbox_kernel_ext import (
     SandboxTier,
     isolation_report,
 )
-from sandbox_kernel_ext.runner import landlock
+from sandbox_kernel_ext.runner.linux import landlock
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or landlock.landlock_abi() < 1,
@@ -231,7 +231,7 @@ def _venv_python() -> str:
 def test_sandbox_run_cli(shared_dir: Path) -> None:
     policy = shared_dir / "policy.yaml"
     policy.write_text(f"filesystem_config:\n  mode: read_write\n  writable_paths: [{shared_dir}]\n")
-    cli = [_venv_python(), "-m", "sandbox_kernel_ext.runner.cli"]
+    cli = [_venv_python(), "-m", "sandbox_kernel_ext.runner.trusted.cli"]
     done = subprocess.run([*cli, "--policy", str(policy), "--", "sh", "-c", f"echo hi > {shared_dir}/f; exit 3"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and (shared_dir / "f").read_text() == "hi\n"

@@ -11,13 +11,9 @@ import random
 import pytest
 
 from sandbox_kernel_ext.policy.errors import ToolError
-from sandbox_kernel_ext.runner.terminal import (
-    DEFAULT_BLACKLIST,
-    DYNAMIC,
-    MAX_DEPTH,
-    TerminalTool,
-    command_words,
-)
+from sandbox_kernel_ext.tools.shell_words import DYNAMIC, MAX_DEPTH
+from sandbox_kernel_ext.tools.shell_wrappers import command_words
+from sandbox_kernel_ext.tools.terminal import DEFAULT_BLACKLIST, TerminalTool
 
 
 def words(line: str) -> list[str]:

@@ -1,6 +1,5 @@
 """File layer: the agent toolset over race-free host or in-memory backends."""
 
-from .filesystem_tool import FilesystemTool, Tool
 from .handlers import filesystem_list, filesystem_read, filesystem_write
 from .results import ChangeResult, DirEntry, EditResult, FileView, ListResult, ReadResult, WriteResult
 from .tool_schemas import FILE_TOOLS, ToolSpec
@@ -8,5 +7,5 @@ from .toolset import FileSystemToolset
 
 __all__ = [
     "FILE_TOOLS", "ChangeResult", "DirEntry", "EditResult", "FileSystemToolset", "FileView",
-    "FilesystemTool", "ListResult", "filesystem_list", "filesystem_read", "filesystem_write", "ReadResult", "Tool", "ToolSpec", "WriteResult",
+    "ListResult", "filesystem_list", "filesystem_read", "filesystem_write", "ReadResult", "ToolSpec", "WriteResult",
 ]

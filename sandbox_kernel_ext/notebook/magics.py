@@ -220,7 +220,7 @@ class SandboxMagics(Magics):
     def manager(self) -> Any:
         """The session's SandboxManager, made on first use (its launcher starts on first run)."""
         if self._manager is None:
-            from ..runner.manager import SandboxManager
+            from ..runner.trusted.manager import SandboxManager
 
             self._manager = SandboxManager(monitor_interval=self.gauge_interval,
                                            broker=self.broker)
@@ -413,7 +413,7 @@ class SandboxMagics(Magics):
             ceiling, source = self.session_policy(args.policy)
         except CapabilityParseError as exc:
             raise UsageError(f"--policy: {exc}" if args.policy else str(exc)) from None
-        from ..runner.plan import withheld_from_everywhere
+        from ..runner.trusted.plan import withheld_from_everywhere
 
         request = Narrowing(
             max_memory_mb=args.memory, max_cpu_seconds=args.cpu,
@@ -435,7 +435,7 @@ class SandboxMagics(Magics):
     def _check_shell(script: str) -> None:
         """The terminal tool's blacklist, before anything runs (the confinement still applies
         to everything it cannot see)."""
-        from ..runner.terminal import TerminalTool
+        from ..tools.terminal import TerminalTool
 
         try:
             TerminalTool().check(script)
@@ -458,7 +458,7 @@ class SandboxMagics(Magics):
         return getattr(self, f"_show_{words[0]}")()
 
     def _show_status(self) -> Table:
-        from ..runner.isolation import isolation_report
+        from ..runner.trusted.isolation import isolation_report
 
         report = isolation_report()
         rows = [[name.replace("_", " "), "enforced" if on else "MISSING"]

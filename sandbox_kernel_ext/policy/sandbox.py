@@ -23,6 +23,7 @@ from .errors import (
     SuffixNotAllowedError,
 )
 from .path_config import PathConfig, SandboxConfig
+from .paths import is_within
 
 if TYPE_CHECKING:
     from .models import CapabilityDeclaration
@@ -60,11 +61,6 @@ class VirtualPath:
     @property
     def name(self) -> str:
         return self.parts[-1] if self.parts else ""
-
-
-def is_within(path: str, folder: str) -> bool:
-    """True when the (normalised) `path` is `folder` or below it, compared by components."""
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,16 @@
 """Run code and commands under confinement that the operating system enforces.
 
-`SandboxManager` (seed 003) runs them; `ResourceMonitor` watches a process tree's budgets;
-`TerminalTool` (seed 004) is an agent's shell; `isolation_report()` says what this host
-enforces. Importing this package is safe on any OS, and cheap: each name loads its module
-on first use (the primitives `landlock` and `seccomp` stay importable on their own).
+Laid out by the process each piece runs in:
+- `trusted/`: the kernel's side (or any Python caller's): `SandboxManager` (seed 003) and what
+  it decides with (the plan, the host read set, gated files, the control channel, the egress
+  proxy, the monitor, the isolation report, the launcher's client, `sandbox-run`);
+- `launcher/`: the fork server, a single-threaded process of its own;
+- `child/`: the confined child (its bootstrap in the launcher's forks, then the cell and the
+  `inside` API the cell's code calls);
+- `linux/`: bindings to Linux kernel interfaces (Landlock, seccomp, namespaces), no decisions;
+- `wire.py`: what crosses between those processes.
+
+Importing this package is safe on any OS, and cheap: each name loads its module on first use.
 """
 
 from __future__ import annotations
@@ -11,13 +18,10 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "SandboxManager": "manager",
-    "ResourceMonitor": "monitor",
-    "TerminalTool": "terminal",
-    "DEFAULT_BLACKLIST": "terminal",
-    "command_words": "terminal",
-    "isolation_report": "isolation",
-    "missing_layers": "isolation",
+    "SandboxManager": "trusted.manager",
+    "ResourceMonitor": "trusted.monitor",
+    "isolation_report": "trusted.isolation",
+    "missing_layers": "trusted.isolation",
 }
 
 __all__ = sorted(_HOMES)

@@ -105,7 +105,7 @@ def test_real_monitor_thread_drives_the_panel(kernel: Any) -> None:
     kernel.run(textwrap.dedent(f"""
         import subprocess, time
         from sandbox_kernel_ext.policy.models import ResourceLimits
-        from sandbox_kernel_ext.runner.monitor import ResourceMonitor
+        from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor
         child = subprocess.Popen(["sleep", "30"])
         monitor = ResourceMonitor(ResourceLimits(max_tokens=1000), interval=0.05, timeout=20)
         unsubscribe = monitor.subscribe(watched.update)

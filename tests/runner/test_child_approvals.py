@@ -196,7 +196,7 @@ def test_approvals_cannot_open_more_than_the_policy_gates(gated, person, roots, 
     sid = gated.create_sandbox(_policy(roots))
     result = gated.run_python(sid, f"""
 import ctypes, io, os
-from sandbox_kernel_ext.runner import inside
+from sandbox_kernel_ext.runner.child import inside
 out = {{}}
 def attempt(name, fn):
     try:
@@ -242,7 +242,7 @@ def test_a_replayed_request_id_ends_the_run(gated, person, roots) -> None:
     person.answer("/secret/key.txt", Decision.allow_once)
     code = f"""
 import time
-from sandbox_kernel_ext.runner import inside
+from sandbox_kernel_ext.runner.child import inside
 open({str(roots / 'secret' / 'key.txt')!r}).close()
 inside._channel._next_id = 0  # the next request reuses id 1
 open({str(roots / 'secret' / 'key.txt')!r})

@@ -30,7 +30,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox_kernel_ext.runner import landlock, seccomp
+from sandbox_kernel_ext.runner.linux import landlock, seccomp
+from sandbox_kernel_ext.runner.trusted import host_reads
 
 NOBODY = 65534
 SECRET_TEXT = "TOP-SECRET-7f3a"
@@ -106,9 +107,9 @@ ruleset = None
 if config["landlock"] is not None:
     rules = config["landlock"]
     ruleset = landlock.LandlockRuleset()
-    for path in landlock.python_read_set() + rules["read"]:
+    for path in config["python_read_set"] + rules["read"]:
         ruleset.allow_read(path)
-    for path in landlock.python_write_set() + rules["write"]:
+    for path in config["python_write_set"] + rules["write"]:
         ruleset.allow_write(path)
     for port in rules["tcp_connect"]:
         ruleset.allow_tcp_connect(port)
@@ -282,6 +283,8 @@ def run_child(
         seccomp_config = confinement.seccomp
     config = {
         "landlock_module": str(LANDLOCK_MODULE),
+        "python_read_set": host_reads.python_read_set(),
+        "python_write_set": host_reads.python_write_set(),
         "seccomp_module": str(SECCOMP_MODULE),
         "names": {**world.names(), **(names or {})},
         "setup": setup,
@@ -805,7 +808,7 @@ def test_ruleset_masks_follow_the_abi() -> None:
 
 
 def test_python_read_set_keeps_secrets_out() -> None:
-    read_set = landlock.python_read_set()
+    read_set = host_reads.python_read_set()
     assert sys.base_prefix in read_set or any(sys.base_prefix.startswith(p + "/") for p in read_set)
     assert "/proc" in read_set and "/dev/urandom" in read_set and "/etc" not in read_set
     for secret in ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/etc/ssl/private"):

@@ -20,7 +20,7 @@ from sandbox_kernel_ext import (
     SandboxManager,
     SandboxStatus,
 )
-from sandbox_kernel_ext.runner import landlock
+from sandbox_kernel_ext.runner.linux import landlock
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or landlock.landlock_abi() < 1, reason="needs Landlock"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel_ext.runner import landlock, seccomp
+from sandbox_kernel_ext.runner.linux import landlock, seccomp
+from sandbox_kernel_ext.runner.trusted import host_reads
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -33,7 +34,7 @@ def test_read_set_leaves_out_the_working_directory_and_pythonpath(tmp_path: Path
     # `-c` puts '' (the cwd) on sys.path; python -m would put the absolute cwd there.
     code = (
         "import json, os, sys; sys.path.insert(0, os.getcwd());"
-        "from sandbox_kernel_ext.runner.landlock import python_read_set;"
+        "from sandbox_kernel_ext.runner.trusted.host_reads import python_read_set;"
         "print(json.dumps({'set': python_read_set(), 'path': sys.path}))"
     )
     out = _child(code, cwd=home, env=env)
@@ -44,14 +45,14 @@ def test_read_set_leaves_out_the_working_directory_and_pythonpath(tmp_path: Path
 
 
 def test_read_set_takes_what_the_caller_names(tmp_path: Path) -> None:
-    assert str(tmp_path) in landlock.python_read_set(extra=[str(tmp_path)])
+    assert str(tmp_path) in host_reads.python_read_set(extra=[str(tmp_path)])
 
 
 @pytest.mark.skipif(not seccomp.seccomp_available(), reason="no seccomp filter")
 def test_keystrokes_cannot_be_pushed_into_an_inherited_terminal() -> None:
     code = """
 import errno, fcntl, json, os, termios
-from sandbox_kernel_ext.runner.seccomp import SeccompFilter
+from sandbox_kernel_ext.runner.linux.seccomp import SeccompFilter
 leader, follower = os.openpty()
 def push():
     try:
@@ -75,8 +76,9 @@ print(json.dumps({"before": before, "after": after, "winsz": len(size)}))
 def test_thread_check_fails_closed_when_proc_cannot_tell(tmp_path: Path) -> None:
     code = f"""
 import json
-from sandbox_kernel_ext.runner.kernel_calls import thread_count
-from sandbox_kernel_ext.runner.landlock import LandlockRuleset, python_read_set
+from sandbox_kernel_ext.runner.linux.syscalls import thread_count
+from sandbox_kernel_ext.runner.linux.landlock import LandlockRuleset
+from sandbox_kernel_ext.runner.trusted.host_reads import python_read_set
 rules = LandlockRuleset()
 for path in python_read_set():
     if path != "/proc":

@@ -48,9 +48,9 @@ from sandbox_kernel_ext.policy.models import (
     FilesystemMode,
     ResourceLimits,
 )
-from sandbox_kernel_ext.runner import seccomp
-from sandbox_kernel_ext.runner.landlock import landlock_abi
-from sandbox_kernel_ext.runner.manager import SandboxManager
+from sandbox_kernel_ext.runner.linux import seccomp
+from sandbox_kernel_ext.runner.linux.landlock import landlock_abi
+from sandbox_kernel_ext.runner.trusted.manager import SandboxManager
 
 NOBODY = 65534
 ABI = landlock_abi()

@@ -1,14 +1,13 @@
-"""Running a Python cell inside the confined child, and the data that crosses back.
+"""Running a Python cell, in the confined child after its confinement is in place.
 
 The cell and its input variables arrive pickled on a memfd written by the trusted side (so
 unpickling them here is safe, and they never sit in the launcher's memory, where a later
-child could find them). Output variables go back as JSON only: the parent never unpickles
-anything a sandboxed process wrote.
+child could find them). Output variables go back as JSON only (`wire.encode_value`): the
+trusted side never unpickles anything a sandboxed process wrote.
 """
 
 from __future__ import annotations
 
-import base64
 import builtins
 import io
 import json
@@ -20,51 +19,12 @@ import traceback
 import types
 from typing import Any
 
+from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
 from . import inside
-from .child import ChildPlan
 
-__all__ = ["run_cell", "encode_value", "decode_value", "CELL_FILENAME", "MAX_VARIABLES_BYTES"]
+__all__ = ["run_cell", "CELL_FILENAME"]
 
 CELL_FILENAME = "<sandbox-cell>"
-_BYTES_TAG = "__sandbox_bytes__"
-# Output variables are parsed in the kernel: 4 MiB of JSON can cost ~100x that as Python
-# objects in the worst case, so the cap stays small. Larger results belong in a file.
-MAX_VARIABLES_BYTES = 4 * 1024 * 1024
-_MAX_DEPTH = 64
-
-
-def encode_value(value: Any, name: str, depth: int = 0) -> Any:
-    """JSON-safe data: None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts."""
-    if depth > _MAX_DEPTH:
-        raise TypeError(f"output variable {name!r} is nested more than {_MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return {_BYTES_TAG: base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, (list, tuple)):
-        return [encode_value(item, name, depth + 1) for item in value]
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"output variable {name!r} has a non-string key {key!r}")
-            out[key] = encode_value(item, name, depth + 1)
-        return out
-    raise TypeError(
-        f"output variable {name!r} is a {type(value).__name__}; only JSON-safe data "
-        "(None, bool, numbers, str, bytes, lists and str-keyed dicts) leaves a sandbox"
-    )
-
-
-def decode_value(value: Any) -> Any:
-    """The parent's side of `encode_value`: only the bytes tag means anything."""
-    if isinstance(value, list):
-        return [decode_value(item) for item in value]
-    if isinstance(value, dict):
-        if set(value) == {_BYTES_TAG} and isinstance(value[_BYTES_TAG], str):
-            return base64.b64decode(value[_BYTES_TAG], validate=True)
-        return {key: decode_value(item) for key, item in value.items()}
-    return value
 
 
 def _stream(fd: int, mode: str) -> io.TextIOWrapper:
@@ -76,8 +36,6 @@ def _stream(fd: int, mode: str) -> io.TextIOWrapper:
 
 def run_cell(plan: ChildPlan) -> int:
     """Run the cell; return the exit code (0, 1 after an exception, or SystemExit's code)."""
-    from .child import CONTROL_FD, PAYLOAD_FD, read_to_end
-
     sys.stdin, sys.stdout, sys.stderr = _stream(0, "r"), _stream(1, "w"), _stream(2, "w")
     os.environ.clear()
     os.environ.update(plan.env)

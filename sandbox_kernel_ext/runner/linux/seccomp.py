@@ -24,7 +24,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .kernel_calls import checked, libc, prctl, set_no_new_privs, thread_count
+from .namespaces import CLONE_NAMESPACE_FLAGS
+from .syscalls import checked, libc, prctl, set_no_new_privs, thread_count
 
 __all__ = ["SeccompFilter", "SeccompUnavailableError", "seccomp_available", "supported_arch"]
 
@@ -58,18 +59,6 @@ def _arg_low(index: int) -> int:
     return 16 + 8 * index
 
 
-# Namespace flags of clone(2): creating a namespace is unshare by another name.
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-CLONE_NAMESPACE_FLAGS = (
-    CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
-    | CLONE_NEWNET
-)
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type holds SOCK_NONBLOCK / SOCK_CLOEXEC

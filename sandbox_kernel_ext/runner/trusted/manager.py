@@ -27,15 +27,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..approval.broker import ApprovalBroker
-from ..policy.egress import EgressFilter, RateLimiter
-from ..policy.errors import SandboxError
-from ..policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
+from ...approval.broker import ApprovalBroker
+from ...policy.egress import EgressFilter, RateLimiter
+from ...policy.errors import SandboxError
+from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from .control import ControlChannel
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
 from .isolation import check_tier, missing_layers, network_namespaces
-from .launcher import LauncherClient, SpawnedChild
+from .launcher_client import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
 from .plan import (
     NOBODY_UID,

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .cell import MAX_VARIABLES_BYTES, decode_value
+from ..wire import MAX_VARIABLES_BYTES, decode_value
 from .gated_files import GatedFiles
 
 __all__ = ["ControlChannel", "MalformedFrame", "MAX_FRAME_BYTES", "MAX_TOKENS_PER_REPORT"]

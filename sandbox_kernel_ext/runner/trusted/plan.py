@@ -15,10 +15,11 @@ import shutil
 import sys
 import tempfile
 
-from ..policy.errors import SandboxError
-from ..policy.models import CapabilityDeclaration, FilesystemMode
-from . import landlock
-from .child import ChildPlan
+from ...policy.errors import SandboxError
+from ...policy.models import CapabilityDeclaration, FilesystemMode
+from ...policy.paths import is_within
+from ..wire import ChildPlan
+from . import host_reads
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID", "PROXY_PORT"]
 
@@ -39,8 +40,8 @@ _EVERYWHERE_EXCLUDED = ("/proc", "/sys", "/dev", "/etc")
 def runtime_read_set() -> tuple[str, ...]:
     """The interpreter, its libraries, the package itself and system binaries (computed once:
     it walks /etc)."""
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = landlock.python_read_set(extra=[package_dir])
+    package_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = host_reads.python_read_set(extra=[package_dir])
     paths += [path for path in SYSTEM_READ_SET if os.path.exists(path)]
     return tuple(dict.fromkeys(paths))
 
@@ -54,7 +55,7 @@ def homes_folder() -> str:
 def denied_reads() -> list[str]:
     """The credential deny list, every sandbox's home, and this machine's Jupyter runtime
     folder (its connection files hold the keys that let anyone run code in the kernel)."""
-    denied = [*landlock.credential_paths(), os.path.realpath(homes_folder())]
+    denied = [*host_reads.credential_paths(), os.path.realpath(homes_folder())]
     try:
         from jupyter_core.paths import jupyter_runtime_dir
 
@@ -72,7 +73,7 @@ def withheld_from_everywhere() -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(landlock.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
+    return tuple(host_reads.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
 
 
 def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
@@ -156,7 +157,7 @@ def _refuse_overlap(granted: list[str], gated: list[str], what: str, why: str) -
     """A plain grant holding (or inside) a root the table gates would open it without asking."""
     for path in granted:
         for root in gated:
-            if landlock._is_within(path, root) or landlock._is_within(root, path):
+            if is_within(path, root) or is_within(root, path):
                 raise SandboxError(
                     f"{what} {path} overlaps the table root {root}, which has {why}: the "
                     "sandbox could reach it without a person's yes. Grant folders beside it, "
@@ -251,7 +252,7 @@ def build_plan(
         )
     homes = os.path.realpath(homes_folder())
     for path in readable + writable:
-        if landlock._is_within(path, homes) or landlock._is_within(homes, path):
+        if is_within(path, homes) or is_within(homes, path):
             raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
     child_env = child_environment(capability, home, env)
     for name in (*PROXY_ENV_NAMES, "NO_PROXY", "no_proxy"):
@@ -261,11 +262,11 @@ def build_plan(
     if kind == "exec":
         argv = resolve_command(argv, child_env)
     workdir = os.path.realpath(cwd) if cwd else (writable[0] if writable else home)
-    write_paths = [home, *writable, *landlock.python_write_set()]
+    write_paths = [home, *writable, *host_reads.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
     _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
                     "the interpreter's or system folder", "read_approval")
-    if not any(landlock._is_within(workdir, path) for path in [*read_paths, *write_paths]):
+    if not any(is_within(workdir, path) for path in [*read_paths, *write_paths]):
         raise SandboxError(f"working directory {workdir} is not readable under this policy")
     return ChildPlan(
         kind=kind,

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..policy.egress import EgressDecision, EgressFilter, MalformedTargetError, parse_authority
-from ..policy.models import NetworkEgressRule
+from ...policy.egress import EgressDecision, EgressFilter, MalformedTargetError, parse_authority
+from ...policy.models import NetworkEgressRule
 
 __all__ = ["EgressProxy", "address_refusal"]
 

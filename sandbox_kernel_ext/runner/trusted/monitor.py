@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 
-from ..policy.limits import check_limits as _check_limits
-from ..policy.models import ResourceLimits
+from ...policy.limits import check_limits as _check_limits
+from ...policy.models import ResourceLimits
 
 __all__ = ["ResourceMonitor"]
 

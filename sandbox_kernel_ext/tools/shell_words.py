@@ -1,37 +1,33 @@
-"""Seed 004's `TerminalTool`, and a shell parser that finds every command a line runs.
+"""A shell parser that finds every command word a line may run.
 
-The seed checked only the first word of a command line against its blacklist, so
-`env rm x`, `a; rm x`, `$(rm x)`, `sh -c 'rm x'` and `/bin/rm x` all went through.
-`command_words` parses the line the way a POSIX shell would (plus the common bash
-forms) and reports the command word of every simple command it contains, looking
-through wrappers such as `sudo`, `xargs` and `find -exec`, and into strings that are
-themselves run as shell code (`sh -c`, `eval`).
+`ShellParser` reads a line the way a POSIX shell would, plus the common bash forms, and
+records the command word of every simple command in it: through lists and pipelines,
+subshells, `$(...)`, backquotes and process substitution, `case`, `for`, `[[ ]]`,
+`$((...))`, function bodies, and `$(...)` inside unquoted here-documents. A word whose
+value is only known at run time is recorded as `DYNAMIC`. What a command does with its own
+arguments (`sudo CMD`, `sh -c STRING`, `find -exec`) is the wrapper table's business
+(`shell_wrappers.py`), handed to the parser, so the grammar and the knowledge of programs
+stay apart. (A general-purpose library such as bashlex fails on `case`, `$((...))` and
+`[[ ]]`, and misses `$(...)` in here-documents, so the parser is ours.)
 
-A blacklist of names can never be a security boundary (a script file, `python -c`,
-an alias defined on an earlier line or a copy of `rm` under another name all get
-round it), so `TerminalTool` always runs the command under the kernel confinement of
-`SandboxManager`; the blacklist only refuses the obvious cases early, with a clear
-message.
+Its limits, by design: it does not expand anything (variables, globs, braces, tilde), so a
+computed command word is only reported as dynamic; it does not remember definitions from
+earlier in the line (`alias`, functions, `PATH=`), so a function named `ls` that runs `rm`
+reports `ls` where it is defined and called, and `rm` inside its body; it knows the wrappers
+in the table and no others (`strace rm` reports only `strace`); and it never reads files (a
+script run by name or `source`d reports its name only). None of this matters for safety:
+the command runs under the sandbox's confinement whatever the parser found.
 """
 
 from __future__ import annotations
 
-import asyncio
 import posixpath
 import re
-import sys
-import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Callable
 
-from ..files.filesystem_tool import Tool
-from ..policy.errors import ToolError
-
-if TYPE_CHECKING:
-    from ..policy.models import CapabilityDeclaration
-    from .manager import SandboxManager
-
-__all__ = ["DEFAULT_BLACKLIST", "DYNAMIC", "MAX_DEPTH", "TerminalTool", "command_words"]
+__all__ = ["DYNAMIC", "MAX_DEPTH", "MAX_NESTING", "Handler", "ShellParser", "ShellWord"]
 
 #: Reported in place of a command word whose value is only known at run time.
 DYNAMIC = "<dynamic>"
@@ -42,13 +38,6 @@ MAX_DEPTH = 8
 #: How deeply `( )`, `$( )`, `${ }` and `case` may nest inside one string; this keeps
 #: the recursive parser far from Python's recursion limit.
 MAX_NESTING = 64
-
-DEFAULT_BLACKLIST: frozenset[str] = frozenset(
-    {
-        "rm", "rmdir", "mkfs", "dd", "shutdown", "reboot", "halt", "poweroff",
-        "kill", "killall", "pkill", "format", "del", "erase", "rd",
-    }
-)
 
 # Characters that end an unquoted word (besides blanks).
 _METACHARS = frozenset(";&|()<>\n")
@@ -74,7 +63,7 @@ _TRANSPARENT = frozenset({"{", "}", "!", "if", "then", "else", "elif", "fi", "wh
 
 
 @dataclass
-class _Word:
+class ShellWord:
     """One shell word after quote removal, with what the shell will still do to it."""
 
     value: str = ""
@@ -94,7 +83,7 @@ class _Word:
         return not (self.dynamic or self.glob)
 
 
-class _Parser:
+class ShellParser:
     """Recursive-descent reader of one shell string; appends command words to `out`.
 
     It shares one position over the source, so a `$(` met inside a word is parsed in
@@ -104,8 +93,10 @@ class _Parser:
     records the commands of the substitutions inside it.
     """
 
-    def __init__(self, src: str, out: list[str], depth: int = 0, nesting: int = 0) -> None:
+    def __init__(self, src: str, out: list[str], wrappers: Mapping[str, Handler],
+                 depth: int = 0, nesting: int = 0) -> None:
         self.src = src
+        self.wrappers = wrappers
         self.pos = 0
         self.out = out
         self.depth = depth
@@ -180,26 +171,26 @@ class _Parser:
     def _leave(self) -> None:
         self.nesting -= 1
 
-    def _reparse(self, text: str) -> None:
+    def reparse(self, text: str) -> None:
         """Parse `text` as shell code run by this command (sh -c, eval, backquotes)."""
         if self.depth + 1 > MAX_DEPTH:
             raise ValueError(
                 f"command is nested more than {MAX_DEPTH} levels deep "
                 "(sh -c, eval or backquotes inside each other)"
             )
-        child = _Parser(text, self.out, self.depth + 1, self.nesting)
+        child = ShellParser(text, self.out, self.wrappers, self.depth + 1, self.nesting)
         child.parse_list(frozenset(), frozenset())
 
     # ----------------------------------------------------------------- words
 
-    def read_word(self) -> _Word:
+    def read_word(self) -> ShellWord:
         """Read one word from the current position, removing quotes.
 
         Substitutions inside the word are parsed on the spot, so their commands are
         recorded even when the word itself is an argument or a redirection target.
         """
         src = self.src
-        w = _Word()
+        w = ShellWord()
         buf: list[str] = []
         literal_prefix = True  # everything so far was an unquoted literal (for NAME=)
         seen_equals = False
@@ -264,7 +255,7 @@ class _Parser:
         w.value = "".join(buf)
         return w
 
-    def _read_dquote(self, w: _Word, buf: list[str]) -> None:
+    def _read_dquote(self, w: ShellWord, buf: list[str]) -> None:
         """Read a "double-quoted" part: only $, ` and \\ keep a meaning inside."""
         start = self.pos
         self.pos += 1
@@ -295,7 +286,7 @@ class _Parser:
                 self.pos += 1
         raise ValueError(f"unterminated double quote (opened at offset {start})")
 
-    def _read_dollar(self, w: _Word, buf: list[str], *, in_dquote: bool) -> None:
+    def _read_dollar(self, w: ShellWord, buf: list[str], *, in_dquote: bool) -> None:
         """Read an expansion starting at `$`; a `$` that starts none is literal."""
         nxt = self._char(1)
         if nxt == "'" and not in_dquote:  # $'...' (bash, newer dash): escapes we do not decode
@@ -339,7 +330,7 @@ class _Parser:
         start = self.pos
         self.pos += 2
         self._enter()
-        scratch = _Word()
+        scratch = ShellWord()
         src = self.src
         while self.pos < len(src):
             c = src[self.pos]
@@ -375,7 +366,7 @@ class _Parser:
             c = src[self.pos]
             if c == "`":
                 self.pos += 1
-                self._reparse("".join(inner))
+                self.reparse("".join(inner))
                 return
             if c == "\\" and self._char(1) in escapable and self._char(1):
                 inner.append(self._char(1))
@@ -396,7 +387,7 @@ class _Parser:
         saved = (self.pos, len(self.out), self.nesting)
         self.pos = body
         depth = 0
-        scratch = _Word()
+        scratch = ShellWord()
         src = self.src
         try:
             self._enter()
@@ -471,12 +462,13 @@ class _Parser:
         else:
             body_end = len(src)  # like bash: an unterminated here-document runs to the end
         if expand:
-            scanner = _Parser(src[body_start:body_end], self.out, self.depth, self.nesting)
+            scanner = ShellParser(src[body_start:body_end], self.out, self.wrappers, self.depth,
+                                  self.nesting)
             scanner._scan_expansions()
 
     def _scan_expansions(self) -> None:
         """Record the commands of every $(...) and `...` in text that is not shell code."""
-        scratch = _Word()
+        scratch = ShellWord()
         while self.pos < len(self.src):
             c = self.src[self.pos]
             if c == "\\":
@@ -534,7 +526,7 @@ class _Parser:
 
     def _parse_simple(self, stop_words: frozenset[str]) -> str | None:
         """Parse one simple command (or step over a reserved word) and analyse it."""
-        argv: list[_Word] = []
+        argv: list[ShellWord] = []
         while True:
             self._skip_blanks()
             if self._at_end():
@@ -576,7 +568,7 @@ class _Parser:
                     special(self)
                     return None
             argv.append(word)
-        self._analyse(argv)
+        self.analyse(argv)
         return None
 
     def _parse_for(self) -> None:
@@ -679,7 +671,7 @@ class _Parser:
             return True
         return False
 
-    def _analyse(self, argv: list[_Word]) -> None:
+    def analyse(self, argv: list[ShellWord]) -> None:
         """Record the command word of `argv`, then of any command it wraps."""
         while argv:
             head = argv[0]
@@ -688,7 +680,7 @@ class _Parser:
                 return
             name = posixpath.basename(head.value.rstrip("/")) or head.value
             self.out.append(name)
-            handler = _WRAPPERS.get(name)
+            handler = self.wrappers.get(name)
             if handler is None:
                 return
             nxt = handler(self, argv[1:])
@@ -697,474 +689,16 @@ class _Parser:
             argv = nxt
 
 
-# --------------------------------------------------------------------- wrappers
-#
-# A wrapper is a command whose arguments contain another command. Each handler gets
-# the wrapper's arguments and returns the wrapped argv (analysed in turn, so wrappers
-# of wrappers work), or None after recording what it found itself.
-
-_Handler = Callable[[_Parser, list[_Word]], "list[_Word] | None"]
-
-
-def _skip_options(args: list[_Word], short_arg: str = "", long_arg: frozenset[str] = frozenset()) -> int:
-    """Index of the first operand after getopt-style options.
-
-    `short_arg` lists short options that take an argument (attached or as the next
-    word); `long_arg` lists long options that take one (`--opt=V` or `--opt V`). A
-    word whose value is unknown ends the options: it is then taken as the command,
-    which reports it as dynamic rather than skipping something that may run.
-    """
-    i = 0
-    while i < len(args):
-        word = args[i]
-        value = word.value
-        if not word.static or value == "-" or not value.startswith("-"):
-            return i
-        if value == "--":
-            return i + 1
-        i += 1
-        if value.startswith("--"):
-            if "=" not in value and value in long_arg:
-                i += 1
-            continue
-        for k, flag in enumerate(value[1:]):
-            if flag in short_arg:
-                if k == len(value) - 2:  # the argument is the next word
-                    i += 1
-                break
-    return i
-
-
-def _options_then_command(short_arg: str = "", long_arg: frozenset[str] = frozenset(), operands: int = 0) -> _Handler:
-    """A handler for `wrapper [options] [N operands] command ...`."""
-
-    def handler(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-        return args[_skip_options(args, short_arg, long_arg) + operands :]
-
-    return handler
-
-
-def _env(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`env [-i] [-u NAME] [-C DIR] [-S STRING] [NAME=V]... command`."""
-    long_arg = frozenset({"--unset", "--chdir", "--argv0", "--split-string"})
-    i = 0
-    while i < len(args):
-        word, value = args[i], args[i].value
-        if not word.static or not value.startswith("-"):
-            break
-        i += 1
-        if value == "--":
-            break
-        split: _Word | None = None  # -S STRING: split into the command and its first args
-        if value.startswith("--"):
-            key = value.split("=", 1)[0]
-            if key == "--split-string":
-                split = _Word(value.split("=", 1)[1]) if "=" in value else (args[i] if i < len(args) else _Word())
-            elif "=" not in value and key in long_arg:
-                i += 1
-        else:
-            for k, flag in enumerate(value[1:]):
-                attached = value[k + 2 :]
-                if flag == "S":
-                    split = _Word(attached) if attached else (args[i] if i < len(args) else _Word())
-                    break
-                if flag in "uCPa":
-                    if not attached:
-                        i += 1
-                    break
-        if split is not None:
-            if not split.static:
-                parser.out.append(DYNAMIC)
-            else:
-                parser._reparse(split.value)
-            return None
-    while i < len(args) and args[i].static and "=" in args[i].value:
-        i += 1  # env takes every NAME=V word as an assignment, quoted or not
-    return args[i:]
-
-
-def _sudo(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`sudo [options] [NAME=V]... command`."""
-    long_arg = frozenset({"--user", "--group", "--close-from", "--chdir", "--prompt", "--role",
-                          "--type", "--command-timeout", "--other-user", "--chroot", "--host"})
-    i = _skip_options(args, "ugCDprtTUR", long_arg)
-    while i < len(args) and args[i].assign:
-        i += 1
-    return args[i:]
-
-
-def _timeout(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`timeout [options] DURATION command`."""
-    i = _skip_options(args, "sk", frozenset({"--signal", "--kill-after"}))
-    return args[i + 1 :]
-
-
-def _chroot(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`chroot [options] DIR [command]` (no command runs an interactive shell)."""
-    i = _skip_options(args, "", frozenset({"--userspec", "--groups"}))
-    return args[i + 1 :]
-
-
-def _xargs(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`xargs [options] [command]`: the command defaults to echo; with -I R an R in the
-    command word is replaced by input, so that word is unknown."""
-    long_arg = frozenset({"--arg-file", "--delimiter", "--max-lines", "--max-args", "--max-procs",
-                          "--max-chars", "--process-slot-var"})
-    replace: str | None = None
-    i = 0
-    while i < len(args):
-        word, value = args[i], args[i].value
-        if not word.static or value == "-" or not value.startswith("-"):
-            break
-        i += 1
-        if value == "--":
-            break
-        if value.startswith("--"):
-            if value.startswith("--replace"):
-                replace = value.split("=", 1)[1] if "=" in value else "{}"
-            elif "=" not in value and value in long_arg:
-                i += 1
-            continue
-        for k, flag in enumerate(value[1:]):
-            attached = value[k + 2 :]
-            if flag == "I":
-                if attached:
-                    replace = attached
-                elif i < len(args):
-                    replace = args[i].value
-                    i += 1
-                break
-            if flag == "i":
-                replace = attached or "{}"
-                break
-            if flag in "adELnPs":
-                if not attached:
-                    i += 1
-                break
-            if flag in "el":
-                break  # optional argument, attached only
-    rest = args[i:]
-    if not rest:
-        parser.out.append("echo")
-        return None
-    if replace and replace in rest[0].value:
-        parser.out.append(DYNAMIC)
-        return None
-    return rest
-
-
-def _find(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`find ... -exec command ... ;` (also -execdir, -ok, -okdir, ending in `;` or `+`)."""
-    i = 0
-    while i < len(args):
-        if args[i].static and args[i].value in ("-exec", "-execdir", "-ok", "-okdir"):
-            j = i + 1
-            while j < len(args) and not (args[j].static and args[j].value in (";", "+")):
-                j += 1
-            sub = args[i + 1 : j]
-            if sub and "{}" in sub[0].value:
-                parser.out.append(DYNAMIC)  # the found file itself is run
-            else:
-                parser._analyse(sub)
-            i = j
-        i += 1
-    return None
-
-
-_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "yash", "posh", "rbash", "fish"})
-
-
-def _shell(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`sh [options] -c STRING [name [args]]`: STRING is shell code, parsed in turn.
-
-    Without -c a shell runs a script file or standard input, which cannot be seen here.
-    """
-    has_c = False
-    i = 0
-    while i < len(args):
-        word, value = args[i], args[i].value
-        if not word.static:
-            break
-        if value in ("--", "-"):
-            i += 1
-            break
-        if len(value) < 2 or value[0] not in "-+":
-            break
-        i += 1
-        if value.startswith("--"):
-            if value in ("--rcfile", "--init-file"):
-                i += 1
-            elif value == "--command":
-                has_c = True
-            continue
-        flags = value[1:]
-        has_c = has_c or "c" in flags
-        i += sum(1 for f in flags if f in "oO")  # -o OPTION, -O SHOPT
-    if has_c:
-        if i >= len(args):
-            return None
-        if not args[i].static:
-            parser.out.append(DYNAMIC)
-        else:
-            parser._reparse(args[i].value)
-    return None
-
-
-def _eval(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`eval ARGS...`: the arguments, joined by spaces, are shell code."""
-    if any(not a.static for a in args):
-        parser.out.append(DYNAMIC)
-    elif args:
-        parser._reparse(" ".join(a.value for a in args))
-    return None
-
-
-def _trap(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`trap [--] ACTION SIGNAL...`: ACTION is shell code run later."""
-    i = 1 if args and args[0].static and args[0].value == "--" else 0
-    if len(args) - i >= 2:
-        if not args[i].static:
-            parser.out.append(DYNAMIC)
-        elif not args[i].value.startswith("-") or args[i].value == "-":
-            parser._reparse(args[i].value if args[i].value != "-" else "")
-    return None
-
-
-def _alias(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`alias NAME=VALUE`: VALUE replaces NAME at the start of later commands."""
-    for word in args:
-        if "=" in word.value:
-            if not word.static:
-                parser.out.append(DYNAMIC)
-            else:
-                parser._reparse(word.value.split("=", 1)[1])
-    return None
-
-
-def _watch(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`watch [options] command...`: joined and run with `sh -c`, unless -x/--exec."""
-    i = _skip_options(args, "nq", frozenset({"--interval", "--equexit", "--differences"}))
-    exec_mode = any(a.value in ("-x", "--exec") or (a.value.startswith("-") and not a.value.startswith("--")
-                                                     and "x" in a.value) for a in args[:i])
-    rest = args[i:]
-    if exec_mode:
-        return rest
-    return _eval(parser, rest)
-
-
-def _su(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`su [options] [user] -c STRING` (also runuser): STRING is shell code."""
-    for k, word in enumerate(args):
-        value = word.value
-        if value in ("-c", "--command", "--session-command") and k + 1 < len(args):
-            string = args[k + 1]
-        elif value.startswith(("--command=", "--session-command=")):
-            string = _Word(value.split("=", 1)[1], dynamic=not word.static)
-        else:
-            continue
-        if not string.static:
-            parser.out.append(DYNAMIC)
-        else:
-            parser._reparse(string.value)
-    return None
-
-
-def _flock(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`flock [options] FILE command...` or `flock [options] FILE -c STRING`."""
-    i = _skip_options(args, "wE", frozenset({"--timeout", "--conflict-exit-code"}))
-    rest = args[i + 1 :]
-    if rest and rest[0].value in ("-c", "--command"):
-        return _su(parser, rest)
-    return rest
-
-
-def _taskset(parser: _Parser, args: list[_Word]) -> list[_Word] | None:
-    """`taskset [-c] MASK command...`; with -p it changes a running process."""
-    i = _skip_options(args)
-    if any(a.value.startswith("-") and not a.value.startswith("--") and "p" in a.value for a in args[:i]):
-        return None
-    return args[i + 1 :]
-
-
-_WRAPPERS: dict[str, _Handler] = {
-    "env": _env,
-    "sudo": _sudo,
-    "doas": _options_then_command("uC"),
-    "nice": _options_then_command("n", frozenset({"--adjustment"})),
-    "nohup": _options_then_command(),
-    "time": _options_then_command("fo", frozenset({"--format", "--output"})),
-    "timeout": _timeout,
-    "xargs": _xargs,
-    "exec": _options_then_command("a"),
-    "command": _options_then_command(),
-    "builtin": _options_then_command(),
-    "coproc": _options_then_command(),
-    "stdbuf": _options_then_command("ioe", frozenset({"--input", "--output", "--error"})),
-    "setsid": _options_then_command(),
-    "chroot": _chroot,
-    "busybox": _options_then_command(),
-    "ionice": _options_then_command("cnP", frozenset({"--class", "--classdata"})),
-    "find": _find,
-    "eval": _eval,
-    "trap": _trap,
-    "alias": _alias,
-    "watch": _watch,
-    "su": _su,
-    "runuser": _su,
-    "flock": _flock,
-    "taskset": _taskset,
-    **{shell: _shell for shell in _SHELLS},
-}
-
-_RESERVED: dict[str, Callable[[_Parser], None]] = {
-    "for": _Parser._parse_for,
-    "select": _Parser._parse_for,
-    "case": _Parser._parse_case,
-    "[[": _Parser._parse_test,
-    "function": _Parser._parse_function,
+_RESERVED: dict[str, Callable[[ShellParser], None]] = {
+    "for": ShellParser._parse_for,
+    "select": ShellParser._parse_for,
+    "case": ShellParser._parse_case,
+    "[[": ShellParser._parse_test,
+    "function": ShellParser._parse_function,
 }
 
 
-def command_words(line: str) -> list[str]:
-    """Every command word that running `line` in a POSIX shell may execute.
+#: A wrapper's handler: given the parser and the wrapper's arguments, the wrapped argv
+#: (analysed in turn), or None after recording what it found itself.
+Handler = Callable[[ShellParser, "list[ShellWord]"], "list[ShellWord] | None"]
 
-    Words are given as basenames with quoting removed (`"/bin/r\\m"` gives `rm`), in
-    the order they are met; a command word whose value is only known at run time
-    (`$CMD`, `$(...)`, a glob or brace expansion) is given as `DYNAMIC`
-    (`"<dynamic>"`). Raises ValueError for unbalanced quotes or parentheses, and for
-    shell code nested (through `sh -c`, `eval`, backquotes) more than `MAX_DEPTH` deep.
-    """
-    out: list[str] = []
-    parser = _Parser(line, out)
-    parser.parse_list(frozenset(), frozenset())
-    if parser.heredocs:  # a here-document on the last line has an empty body
-        parser.heredocs = []
-    return out
-
-
-# --------------------------------------------------------------------- the tool
-
-
-class TerminalTool(Tool):
-    """Run a shell command (`/bin/sh -c`) inside a kernel-confined sandbox.
-
-    The sandbox (`SandboxManager` under the given `CapabilityDeclaration`, by default
-    one that allows nothing extra) is what keeps the command in bounds. The blacklist
-    is only a convenience on top of it, never instead of it: it refuses, before
-    anything runs, a command line in which any command word (found by `command_words`,
-    through pipes, substitutions, `sh -c`, `sudo`, `find -exec` and the like) is
-    blacklisted or is computed at run time. A name matches in any letter case, and
-    `NAME.suffix` matches NAME (`mkfs.ext4`). Scripts, interpreters (`python -c`) and
-    renamed copies of a program are not seen by it; the confinement still applies.
-
-    The sandbox is created on first use and kept for later calls; `close()` (or a
-    `with` block) destroys it when this tool created the manager.
-    """
-
-    name = "terminal"
-    description = "Execute a shell command in the sandbox."
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {"command": {"type": "string", "description": "Shell command to execute."}},
-        "required": ["command"],
-    }
-
-    def __init__(
-        self,
-        *,
-        blacklist: frozenset[str] | None = None,
-        timeout: float = 30.0,
-        policy: CapabilityDeclaration | None = None,
-        manager: SandboxManager | None = None,
-        cwd: str | None = None,
-    ) -> None:
-        self.blacklist: frozenset[str] = DEFAULT_BLACKLIST if blacklist is None else frozenset(blacklist)
-        self._blocked_names = frozenset(name.lower() for name in self.blacklist)
-        self.timeout = timeout
-        self.policy = policy
-        self.cwd = cwd
-        self._manager = manager
-        self._owns_manager = manager is None
-        self._sandbox_id: str | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def platform(self) -> str:
-        return sys.platform
-
-    def is_blocked(self, word: str) -> bool:
-        """Whether a command word (as given by `command_words`) is on the blacklist."""
-        lowered = word.lower()
-        return lowered in self._blocked_names or lowered.split(".", 1)[0] in self._blocked_names
-
-    def check(self, command: str) -> list[str]:
-        """The command words of `command`; ToolError if the blacklist refuses it."""
-        try:
-            words = command_words(command)
-        except ValueError as exc:
-            raise ToolError(f"Cannot parse the command: {exc}") from exc
-        for word in words:
-            if word != DYNAMIC and self.is_blocked(word):
-                raise ToolError(f"Command '{word}' is blocked")
-        if DYNAMIC in words:
-            raise ToolError(
-                "A command word is computed at run time (from a variable, $(...), backquotes, "
-                "a glob or a brace expansion), so it cannot be checked against the blacklist; "
-                "write the command name literally."
-            )
-        return words
-
-    async def execute(self, **kwargs: Any) -> dict[str, Any]:
-        command = kwargs.get("command")
-        if not isinstance(command, str) or not command.strip():
-            raise ToolError("'command' is required and must be a non-empty string.")
-        self.check(command)
-        manager, sandbox_id = await asyncio.to_thread(self._sandbox)
-        result = await asyncio.to_thread(
-            manager.execute, sandbox_id, ["/bin/sh", "-c", command], timeout=self.timeout, cwd=self.cwd
-        )
-        killed = getattr(result, "killed", None)
-        if killed and str(killed).startswith("timeout"):
-            raise ToolError(f"Command timed out after {self.timeout} s")
-        return {
-            "exit_code": result.exit_code,
-            "stdout": result.stdout,
-            "stderr": result.stderr,
-            "platform": self.platform,
-        }
-
-    def _sandbox(self) -> tuple[SandboxManager, str]:
-        """The manager and sandbox, created on first use (once, even under concurrent calls)."""
-        with self._lock:
-            if self._manager is None:
-                from .manager import SandboxManager
-
-                self._manager = SandboxManager()
-            if self._sandbox_id is None:
-                if self.policy is None:
-                    from ..policy.models import CapabilityDeclaration
-
-                    self.policy = CapabilityDeclaration()
-                self._sandbox_id = self._manager.create_sandbox(self.policy)
-            return self._manager, self._sandbox_id
-
-    def close(self) -> None:
-        """Destroy the sandbox and stop the manager, if this tool created the manager
-        (a caller's manager, and the sandboxes in it, stay the caller's to manage).
-        A later `execute` starts afresh."""
-        with self._lock:
-            if not self._owns_manager or self._manager is None:
-                return
-            manager, sandbox_id = self._manager, self._sandbox_id
-            self._manager = self._sandbox_id = None
-            try:
-                if sandbox_id is not None:
-                    manager.destroy(sandbox_id)
-            finally:
-                manager.close()
-
-    def __enter__(self) -> TerminalTool:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -13,9 +13,9 @@ import json
 import sys
 import warnings
 
-from ..policy.errors import CapabilityParseError, SandboxError
-from ..policy.models import CapabilityDeclaration
-from ..policy.parser import CapabilityParser
+from ...policy.errors import CapabilityParseError, SandboxError
+from ...policy.models import CapabilityDeclaration
+from ...policy.parser import CapabilityParser
 from .isolation import isolation_report
 from .manager import SandboxManager
 

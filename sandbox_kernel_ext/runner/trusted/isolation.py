@@ -13,9 +13,9 @@ import shutil
 import sys
 from typing import Any
 
-from ..policy.errors import SandboxError
-from ..policy.models import SandboxTier
-from . import landlock, seccomp
+from ...policy.errors import SandboxError
+from ...policy.models import SandboxTier
+from ..linux import landlock, seccomp
 
 __all__ = ["isolation_report", "missing_layers", "check_tier"]
 
@@ -24,7 +24,7 @@ __all__ = ["isolation_report", "missing_layers", "check_tier"]
 def _userns() -> bool:
     if not sys.platform.startswith("linux"):
         return False
-    from .launcher import userns_usable
+    from ..linux.namespaces import userns_usable
 
     return userns_usable()
 

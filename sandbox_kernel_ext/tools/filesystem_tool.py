@@ -1,39 +1,21 @@
-"""Seed 004's `Tool` and `FilesystemTool`: host-path facade over the same toolset."""
+"""Seed 004's `FilesystemTool`: a host-path facade over the file layer's toolset."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from abc import ABC, abstractmethod
 import re
 from typing import Any, ClassVar
 
+from ..files.toolset import FileSystemToolset
 from ..policy.errors import SandboxError, ToolError
 from ..policy.file_limits import FileLimits
 from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, is_within
-from .toolset import FileSystemToolset
+from .base import Tool
 
 
 _VIRTUAL_NAME = re.compile(r"(?<![\w/])/(d\d+)(?![\w])")
-
-
-class Tool(ABC):
-    """A named async tool with a JSON-schema for its arguments."""
-
-    name: ClassVar[str]
-    description: ClassVar[str]
-    parameters: ClassVar[dict[str, Any]]
-
-    @abstractmethod
-    async def execute(self, **kwargs: Any) -> str | dict[str, Any]: ...
-
-    def schema(self) -> dict[str, Any]:
-        """The function-calling definition of this tool."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
 
 
 class FilesystemTool(Tool):

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..files.toolset import FileSystemToolset, StagedWrite
-from ..policy.errors import ApprovalDeniedError, SandboxError
-from ..policy.models import CapabilityDeclaration
-from .inside import virtual_path
+from ...files.toolset import FileSystemToolset, StagedWrite
+from ...policy.errors import ApprovalDeniedError, SandboxError
+from ...policy.models import CapabilityDeclaration
+from ...policy.paths import virtual_path
 
 __all__ = ["GatedFiles", "GatedRoot", "gated_roots", "OpenAnswer"]
 
@@ -55,7 +55,7 @@ def gated_roots(capability: CapabilityDeclaration) -> list[GatedRoot]:
     toolset resolves them."""
     if capability.sandbox_config() is None:
         return []
-    from ..policy.sandbox import Sandbox
+    from ...policy.sandbox import Sandbox
 
     sandbox = Sandbox.from_policy(capability)
     roots = []

@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import Any
 
-from .landlock import _is_within
+from ...policy.paths import is_within, virtual_path
 
 __all__ = ["report_usage", "install", "send_frame"]
 
@@ -83,14 +83,6 @@ def report_usage(tokens: int = 0, cost: float = 0.0) -> None:
 
 
 # -- the policy as the child knows it ---------------------------------------------------------
-def virtual_path(path: str, host: str, virtual: str) -> str | None:
-    """`path` as named under a table root (`host` shown as `virtual`); None if not in it."""
-    if not _is_within(path, host):
-        return None
-    rest = path[len(host):].strip("/")
-    return virtual.rstrip("/") + "/" + rest if rest else virtual
-
-
 class _Policy:
     def __init__(self, view: dict[str, Any]) -> None:
         self.roots: list[dict[str, Any]] = view.get("roots", [])
@@ -125,11 +117,11 @@ class _Policy:
                 return (f"{access} {virtual} denied by the sandbox policy: {root['virtual']} is "
                         f"read-only (writable: {', '.join(writable) or 'nothing'})")
             return None
-        if any(_is_within(path, folder) for folder in self.denied):
+        if any(is_within(path, folder) for folder in self.denied):
             return (f"{access} {path} denied by the sandbox policy: it holds credentials, which "
                     "no sandbox may read")
         granted = self.writable if write else self.readable + self.writable
-        if any(_is_within(path, folder) for folder in [*granted, *filter(None, [self.home])]):
+        if any(is_within(path, folder) for folder in [*granted, *filter(None, [self.home])]):
             return None
         shown = [f"{r['virtual']} = {r['host']}" + ("" if r["writable"] else " (read-only)")
                  for r in self.roots if r["writable"] or not write]

@@ -1,0 +1,208 @@
+"""The confined child's start: everything that runs in the launcher's two forks of a run.
+
+The launcher forks once per run (`launcher/server.py`); that first fork ("setup") runs
+`run_setup_fork`: it drops root, enters new user, PID, mount, network, IPC and UTS namespaces,
+and forks the second, which becomes PID 1 of its namespace: when it ends, the Linux kernel
+kills everything it left behind, `setsid` grandchildren included. The second mounts a private
+`/proc`, applies rlimits, drops its capabilities, closes every inherited descriptor, confines
+itself with Landlock and seccomp, and then execs the program or runs the cell (`cell.py`).
+
+Everything here runs in a single-threaded process (the launcher never starts a thread), which
+is what makes Landlock and seccomp cover the whole child.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+
+from ..linux import landlock, seccomp
+from ..linux.namespaces import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUTS,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_REC,
+    drop_capabilities,
+    drop_identity,
+    enter_namespaces,
+    mount,
+)
+from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, read_to_end
+
+__all__ = ["run_setup_fork", "report"]
+
+NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
+# A private /dev/shm per child (multiprocessing's semaphores live there); the host's is shared
+# by every process on the machine, so it is never granted.
+SHM_SIZE_MB = 64
+RLIMIT_NUMBERS = {name: getattr(resource, name) for name in (
+    "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE",
+)}
+
+
+def report(status_fd: int, message: str) -> bool:
+    try:
+        os.write(status_fd, (message.replace("\n", " ") + "\n").encode())
+        return True
+    except OSError:
+        return False
+
+
+# One filter per kind of child; each program is assembled once, so a fork only loads it. A
+# child with egress rules may open TCP sockets (its namespace has only loopback, and Landlock
+# lets it connect to the proxy's port alone); UDP, raw and unix sockets stay refused.
+SYSCALL_FILTER = (
+    seccomp.SeccompFilter(allow_socket_families=(), allow_unix_pairs=True)
+    if seccomp.supported_arch() else None
+)
+EGRESS_SYSCALL_FILTER = (
+    seccomp.SeccompFilter(allow_socket_families=(socket.AF_INET, socket.AF_INET6),
+                          inet_tcp_only=True, allow_unix_pairs=True)
+    if seccomp.supported_arch() else None
+)
+SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914
+IFF_UP, IFF_RUNNING = 0x1, 0x40
+
+
+def open_proxy_listener(port: int) -> socket.socket:
+    """Bring up the namespace's loopback and listen on 127.0.0.1:`port` (needs the namespace's
+    CAP_NET_ADMIN, so it runs before the capabilities are dropped)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS,
+                    struct.pack("16sH14x", b"lo", flags | IFF_UP | IFF_RUNNING))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _hand_over_listener(plan: ChildPlan, fds: dict[str, int]) -> None:
+    """The parent serves the proxy on a listener made here, in our network namespace."""
+    handoff = socket.socket(fileno=fds.pop("egress"))
+    try:
+        if plan.proxy_port is not None:
+            with open_proxy_listener(plan.proxy_port) as listener:
+                socket.send_fds(handoff, [b"listener"], [listener.fileno()])
+    finally:
+        handoff.close()
+
+
+def run_setup_fork(
+    plan: ChildPlan, fds: dict[str, int], status_w: int, use_userns: bool,
+    rules: landlock.LandlockRuleset | None,
+) -> None:
+    """The setup fork: namespaces, then the confined child's fork; its pid (or the error) goes
+    to the launcher on `status_w`. `rules` are the plan's prepared Landlock rules."""
+    root_without_userns = os.geteuid() == 0 and not use_userns
+    if os.geteuid() == 0 and use_userns and plan.uid is not None:
+        drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
+    if use_userns or os.geteuid() == 0:
+        enter_namespaces(NAMESPACES, use_userns)
+    # else: no user namespaces for an unprivileged kernel, so no namespaces at all; the
+    # isolation report names the missing layer, strict mode refuses, and the manager kills
+    # the child's tree by sweeping it.
+    pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
+    if pid == 0:
+        try:
+            _confine_and_run(plan, fds, status_w, rules, drop_root=root_without_userns)
+        except BaseException as exc:  # noqa: BLE001
+            # The status pipe sits at STATUS_FD once the descriptors are installed.
+            message = f"error confine: {type(exc).__name__}: {exc}"
+            if not report(STATUS_FD, message) and not report(status_w, message):
+                report(2, f"[sandbox] the child failed after confinement: {message[15:]}")
+        os._exit(127)
+    report(status_w, f"pid {pid}")
+
+
+def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> int:
+    """Move the child's descriptors to fixed numbers and close everything else."""
+    wanted = {0: fds["stdin"], 1: fds["stdout"], 2: fds["stderr"]}
+    if "control" in fds:
+        wanted[CONTROL_FD] = fds["control"]
+        wanted[PAYLOAD_FD] = fds["payload"]
+    high = {target: os.dup(source) for target, source in wanted.items()}
+    status_high = os.dup(status_w)
+    keep = set(wanted) | ({ruleset_fd} if ruleset_fd is not None else set())
+    for target, source in high.items():
+        os.dup2(source, target, inheritable=True)
+    os.dup2(status_high, STATUS_FD, inheritable=False)
+    keep.add(STATUS_FD)
+    # close_range() between the kept numbers: one syscall, however many the launcher held.
+    edges = sorted(keep)
+    for low, high in zip([-1, *edges], [*edges, _MAX_FD]):
+        if high > low + 1:  # never an empty range: closerange(n, n) would close everything
+            os.closerange(low + 1, high)
+    return STATUS_FD
+
+
+_MAX_FD = 1 << 30  # closerange() clamps to the real table size
+
+
+def _confine_and_run(
+    plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
+    *, drop_root: bool,
+) -> None:
+    private_shm = False
+    try:
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              f"size={SHM_SIZE_MB}m,mode=1777")
+        private_shm = True
+    except OSError:
+        pass  # the host's /proc stays (the isolation report says so), and no /dev/shm
+    if drop_root and plan.uid is not None:
+        drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
+    os.setsid()
+    if "env" in fds:  # the environment came on a memfd, never through the launcher's memory
+        plan.env = json.loads(read_to_end(fds.pop("env")))
+    if "egress" in fds:
+        _hand_over_listener(plan, fds)
+    ruleset_fd = None
+    if rules is not None:
+        # Built here, after our private /proc is mounted, so the /proc rule names it.
+        rules.allow_read("/proc")
+        if private_shm:
+            rules.allow_write("/dev/shm")
+        rules.build()
+        ruleset_fd = rules.fileno()
+    status_w = _install_fds(fds, status_w, ruleset_fd)
+    os.chdir(plan.cwd)
+    for name, (soft, hard) in plan.rlimits.items():
+        resource.setrlimit(RLIMIT_NUMBERS[name], (soft, hard))
+    drop_capabilities()
+    if rules is not None:
+        rules.restrict_self()
+    syscall_filter = EGRESS_SYSCALL_FILTER if plan.proxy_port is not None else SYSCALL_FILTER
+    if syscall_filter is not None:
+        syscall_filter.install()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    if plan.kind == "exec":
+        try:
+            os.execve(plan.argv[0], plan.argv, plan.env)
+        except OSError as exc:
+            report(status_w, f"error exec: cannot run {plan.argv[0]}: {exc.strerror}")
+            os._exit(127)
+    os.close(status_w)
+    from .cell import run_cell  # already loaded by the launcher: this costs no import
+
+    os._exit(run_cell(plan))

@@ -1,0 +1,236 @@
+"""The fork server: one single-threaded process per `SandboxManager`, started by exec.
+
+Landlock and seccomp confine only the calling thread, and a Jupyter kernel has many threads,
+so no confinement ever happens in the kernel's process. The launcher is exec'd with a scrubbed
+environment (a child's `/proc/self/environ` shows the environment its ancestors were exec'd
+with), forks a confined child per request (`child/bootstrap.py` runs in the forks), hands the
+trusted side a pidfd for it, reaps it as a child subreaper and reports its exit status and
+rusage. Its client, on the trusted side, is `trusted/launcher_client.py`.
+
+Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per message:
+  trusted -> launcher  {"op": "spawn", "id": N, "plan": {...}, "fds": [names]} + fds
+  launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B} + [pidfd]
+                       {"op": "failed", "id": N, "error": "..."}
+                       {"op": "exited", "id": N, "status": S, "cpu_seconds": C, "maxrss_kb": R}
+End of file on the socket (the trusted side closed it or died) kills every live child and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+from ..child.bootstrap import report, run_setup_fork
+from ..linux import landlock
+from ..linux.namespaces import userns_usable
+from ..linux.syscalls import prctl
+from ..wire import ChildPlan, read_to_end, receive_message, send_message
+from .rulesets import RulesetCache
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def spawn(
+    plan: ChildPlan, fds: dict[str, int], *, use_userns: bool,
+    rules: landlock.LandlockRuleset | None,
+) -> tuple[int, str | None]:
+    """Fork the confined child; return (its host pid, or 0, and the setup error if any).
+
+    `fds` holds "stdin", "stdout", "stderr" and for Python runs "control" and "payload";
+    `rules` are the plan's prepared Landlock rules. The fork's side is `run_setup_fork`; the
+    launcher reaps both forks (it is a child subreaper).
+    """
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    setup_pid = os.fork()
+    if setup_pid == 0:
+        try:
+            os.close(status_r)
+            run_setup_fork(plan, fds, status_w, use_userns, rules)
+        except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
+            report(status_w, f"error setup: {type(exc).__name__}: {exc}")
+        os._exit(0)
+    os.close(status_w)
+    status = read_to_end(status_r)
+    os.waitpid(setup_pid, 0)  # it exits right after forking; its child is now ours to reap
+    pid, error = 0, None
+    for line in status.decode(errors="replace").splitlines():
+        if line.startswith("pid "):
+            pid = int(line.split()[1])
+        elif line.startswith("error "):
+            error = error or line[6:]
+    return pid, error
+
+
+class Launcher:
+    """The fork server's state and its steps: wait, reap, start a child, shut down.
+
+    It owns every descriptor a request brings until `_start_child` returns (each is closed
+    there, whatever happens); a pidfd it opens is closed once sent.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rulesets = RulesetCache()
+        self.use_userns = userns_usable()
+        # Without a user namespace only root can make the others (PID one included).
+        self.pid_namespaces = self.use_userns or os.geteuid() == 0
+        self.live: dict[int, int] = {}  # child pid -> request id
+        self.wake_r = -1
+
+    def serve(self) -> None:
+        """Answer requests until the trusted side hangs up, then kill what is left."""
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self._watch_signals()
+        try:
+            while True:
+                ready = self._wait()
+                if self.wake_r in ready:
+                    self._drain_wakeups()
+                    self._reap()
+                if self.sock in ready and not self._handle_request():
+                    break
+        finally:
+            self._shut_down()
+
+    def _watch_signals(self) -> None:
+        """SIGCHLD wakes the select loop through a pipe; the kernel's interrupt is not ours."""
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def _wait(self) -> list[Any]:
+        while True:
+            try:
+                ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+                return ready
+            except InterruptedError:
+                continue
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _send(self, message: dict[str, Any], fds: list[int] = ()) -> None:
+        try:
+            send_message(self.sock, message, fds)
+        except OSError:
+            pass  # the trusted side is gone: its end of file ends the loop
+
+    def _reap(self) -> None:
+        """Report every child that ended; without PID namespaces, kill what it left behind."""
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid not in self.live:
+                continue  # a setup fork or an orphan reparented to us
+            self._send({"op": "exited", "id": self.live.pop(pid),
+                        "status": os.waitstatus_to_exitcode(status),
+                        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                        "maxrss_kb": usage.ru_maxrss})
+            if not self.pid_namespaces:
+                kill_orphans(set(self.live))
+
+    def _handle_request(self) -> bool:
+        """Serve one message; False once the trusted side has hung up."""
+        data, fds = receive_message(self.sock)
+        if not data:
+            return False
+        request_id, pid, error = self._start_child(data, fds)
+        if error or not pid:
+            if pid:  # started but unusable: end it now, and reap it here, not in _reap()
+                kill_quietly(pid)
+                os.waitpid(pid, 0)
+            self._send({"op": "failed", "id": request_id, "error": error or "no child started"})
+            return True
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            kill_quietly(pid)
+            os.waitpid(pid, 0)
+            self._send({"op": "failed", "id": request_id, "error": f"pidfd_open: {exc}"})
+            return True
+        self.live[pid] = request_id
+        self._send({"op": "spawned", "id": request_id, "pid": pid,
+                    "pid_namespace": self.pid_namespaces}, [pidfd])
+        os.close(pidfd)
+        return True
+
+    def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, int, str | None]:
+        """(the request's id, the child's pid or 0, the error); closes every received fd."""
+        request_id = None
+        try:
+            request = json.loads(data)
+            request_id = request.get("id") if isinstance(request, dict) else None
+            names = request["fds"]
+            if len(names) != len(fds):
+                raise ValueError("descriptor count does not match")
+            plan = ChildPlan.from_json(request["plan"])
+            pid, error = spawn(plan, dict(zip(names, fds)), use_userns=self.use_userns,
+                               rules=self.rulesets.get(plan))
+            return request_id, pid, error
+        except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+            return request_id, 0, f"{type(exc).__name__}: {exc}"
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _shut_down(self) -> None:
+        """Kill every live child and whatever was reparented to us, then reap them all."""
+        for pid in list(self.live):
+            kill_quietly(pid)
+        kill_orphans(set())
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                break
+
+
+def kill_orphans(keep: set[int]) -> None:
+    """Without PID namespaces, what a finished child left running is reparented to us (the
+    subreaper), out of reach of any tree sweep: kill every child of ours but the live ones.
+    (An orphan of a sandbox still running goes too; leaking it past its sandbox is worse.)"""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in keep:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                fields = stat_file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1].decode() == me:
+            kill_quietly(int(entry))
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main() -> None:
+    """Entry point of the exec'd launcher: argv[1] is its end of the socket pair."""
+    from ..child import cell  # noqa: F401 - loaded here once, not by every confined child
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
+    Launcher(sock).serve()
+
+
+if __name__ == "__main__":
+    main()

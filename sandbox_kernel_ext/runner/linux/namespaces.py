@@ -1,0 +1,115 @@
+"""Namespaces, mounts, identity and capabilities through ``ctypes``: the bindings only.
+
+Which namespaces a child enters and what it mounts is decided by `child/bootstrap.py`; this
+module knows the flags and the calls. Importing it is safe on any OS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+from .syscalls import checked, libc, prctl
+
+__all__ = [
+    "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
+    "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
+    "drop_capabilities", "drop_identity", "enter_namespaces", "userns_usable",
+]
+
+# Namespace flags of clone(2) and unshare(2).
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NAMESPACE_FLAGS = (
+    CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
+    | CLONE_NEWNET
+)
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _call(name: str, *args: object) -> int:
+    lib = libc()
+    if lib is None:
+        raise OSError(errno.ENOSYS, f"{name} is not available on this platform")
+    return checked(getattr(lib, name)(*args))
+
+
+def unshare(flags: int) -> None:
+    _call("unshare", ctypes.c_int(flags))
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
+    enc = (lambda s: None if s is None else s.encode())
+    _call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
+
+
+def drop_capabilities() -> None:
+    """Empty every capability set and the bounding set (caps held inside the user namespace)."""
+    for cap in range(64):
+        try:
+            prctl(PR_CAPBSET_DROP, cap)
+        except OSError:
+            break
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _call("capset", ctypes.byref(header), data)
+
+
+def drop_identity(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    # A credential change makes us non-dumpable, which makes /proc/self/*_map root's to write.
+    prctl(PR_SET_DUMPABLE, 1)
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def enter_namespaces(flags: int, use_userns: bool) -> None:
+    """Unshare `flags`; in a new user namespace our own uid and gid map to themselves (no
+    root inside it)."""
+    uid, gid = os.geteuid(), os.getegid()
+    unshare(flags | (CLONE_NEWUSER if use_userns else 0))
+    if use_userns:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def userns_usable() -> bool:
+    """Whether this process may create a user namespace (refused by some AppArmor setups and
+    container profiles); probed in a throwaway fork."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            unshare(CLONE_NEWUSER)
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

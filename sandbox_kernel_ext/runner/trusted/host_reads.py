@@ -1,0 +1,268 @@
+"""Which host paths a confined child may read: the decision, made on the trusted side.
+
+Landlock only allows, so everything here produces lists of paths to grant: the minimum a
+Python child needs (`python_read_set`), `/etc` minus its secrets, the credential stores of
+every home folder and of the system (`credential_paths`), and "everything except these"
+(`cover_except`). `plan.py` turns a policy into grants with them; the Landlock binding in
+`linux/landlock.py` only carries the grants out.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+
+from ...policy.paths import is_within
+
+__all__ = [
+    "python_read_set", "python_write_set", "etc_read_set", "credential_paths", "cover_except",
+    "home_folders",
+]
+
+# -- read sets ----------------------------------------------------------------------------------
+
+# Entries of /etc never granted, by path relative to /etc: credential stores and privilege config.
+ETC_SECRET_PATHS = frozenset(
+    {
+        "shadow", "shadow-", "gshadow", "gshadow-", ".pwd.lock",
+        "sudoers", "sudoers.d", "doas.conf",
+        "ssh",  # host private keys
+        "ssl/private", "pki/tls/private", "letsencrypt",
+        "security/opasswd", "krb5.keytab", "credstore", "credstore.encrypted",
+        "ipsec.secrets", "ipsec.d", "wireguard", "openvpn",
+        "NetworkManager/system-connections", "ppp/chap-secrets", "ppp/pap-secrets",
+        "libvirt/secrets", "docker", "kubernetes", "rancher", "ceph",
+        "postfix/sasl_passwd", "cups/ssl", "polkit-1/rules.d",
+    }
+)
+# Name fragments that mark a secret wherever it sits below /etc.
+ETC_SECRET_MARKERS = ("shadow", "secret", "private", "keytab", "keyring", "password", ".key")
+
+
+def _etc_entry_is_secret(relpath: str, name: str, path: str) -> bool:
+    """A listed secret, a secret-looking name, or something a stranger may not read anyway."""
+    if relpath in ETC_SECRET_PATHS or any(marker in name.lower() for marker in ETC_SECRET_MARKERS):
+        return True
+    if name.endswith("_key"):  # ssh_host_ed25519_key and friends, wherever they are
+        return True
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks: judge what a rule would grant
+    except OSError:
+        return True
+    # Files others cannot read, or directories others cannot list and enter, hold something the
+    # owner meant to keep private; the sandbox would otherwise read them whenever it runs as root.
+    needed = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+    return (mode & needed) != needed
+
+
+def _grant_tree_except(
+    root: str, is_secret: Callable[[str, str, str], bool], relroot: str = ""
+) -> tuple[list[str], bool]:
+    """Paths that cover ``root`` minus its secrets, and whether ``root`` itself is secret-free.
+
+    A clean directory becomes one rule; a directory holding a secret is replaced by rules for
+    its other children, recursively. Symlinked directories are not walked into.
+    """
+    grants: list[str] = []
+    clean = True
+    try:
+        entries = sorted(os.scandir(root), key=lambda entry: entry.name)
+    except OSError:
+        return [], False
+    for entry in entries:
+        relpath = f"{relroot}{entry.name}"
+        if is_secret(relpath, entry.name, entry.path):
+            clean = False
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            sub_grants, sub_clean = _grant_tree_except(entry.path, is_secret, relpath + "/")
+            if sub_clean:
+                grants.append(entry.path)
+            else:
+                grants.extend(sub_grants)
+                clean = False
+        else:
+            grants.append(entry.path)
+    return grants, clean
+
+
+def etc_read_set(etc: str = "/etc") -> list[str]:
+    """``/etc`` minus secrets, as rules: Landlock cannot deny beneath an allowed directory."""
+    grants, _ = _grant_tree_except(etc, _etc_entry_is_secret)
+    return grants
+
+
+def _mapped_library_dirs() -> list[str]:
+    """Directories of the shared objects this process maps (ld.so, libc, extension modules)."""
+    dirs: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/") and ".so" in fields[5]:
+                    dirs.append(os.path.dirname(fields[5].rstrip("\n").removesuffix(" (deleted)")))
+    except OSError:
+        pass
+    return dirs
+
+
+def _minimal_cover(paths: Iterable[str]) -> list[str]:
+    """Existing real paths with those beneath another dropped: fewer rules, same access."""
+    real = sorted({os.path.realpath(path) for path in set(paths) if os.path.exists(path)})
+    kept: list[str] = []
+    for path in real:
+        if not any(is_within(path, parent) for parent in kept):
+            kept.append(path)
+    return kept
+
+
+# Device and kernel entries a Python child needs. /dev/null, zero, urandom and random serve
+# os.devnull and os.urandom/secrets/hash seeds; /proc serves psutil, os.cpu_count fallbacks and
+# /proc/self/fd; /sys/devices/system/cpu serves os.cpu_count and multiprocessing. /dev/tty is left
+# out on purpose: a child with the user's terminal could read their keystrokes.
+PYTHON_DEVICE_READ_SET = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/random",
+    "/proc",
+    "/sys/devices/system/cpu",
+)
+
+
+def python_read_set(extra: Iterable[str] = ()) -> list[str]:
+    """The minimum read set for running the current Python interpreter, as real paths.
+
+    - ``sys.base_prefix``: the interpreter binary and the standard library.
+    - ``sys.prefix``: the virtual environment (``pyvenv.cfg``, its ``bin``, site-packages).
+    - ``sys.path`` entries inside those prefixes (the standard library, site-packages). Other
+      entries -- the working directory under ``python -m``, ``PYTHONPATH``, the source tree of
+      an editable install -- hold the caller's files, often a home directory with keys in it:
+      pass what the child really needs as ``extra``.
+    - The directories of every mapped shared object (``/proc/self/maps``): ld.so and libc live
+      there, so ``exec`` of the interpreter can load.
+    - ``/usr/lib/<triplet>`` and ``/lib*``: the loader's default search path, for extension
+      modules loaded later (``_ssl`` pulls in libssl).
+    - ``PYTHON_DEVICE_READ_SET``: the device and kernel files listed there.
+    - ``/etc`` minus secrets (``etc_read_set``): ld.so.cache, localtime, passwd, resolv.conf,
+      ssl certificates, but never shadow-like files, sudoers, ssh host keys or private TLS keys.
+
+    It walks ``/etc`` (about 10 ms here): compute it once per launcher, not per child.
+    """
+    prefixes = [os.path.realpath(p) for p in {sys.base_prefix, sys.prefix}]
+    candidates: list[str] = [*prefixes, os.path.dirname(sys.executable), *extra]
+    candidates += [
+        entry
+        for entry in sys.path
+        if entry
+        and os.path.isabs(entry)
+        and any(is_within(os.path.realpath(entry), prefix) for prefix in prefixes)
+    ]
+    candidates += _mapped_library_dirs()
+    triplet = sysconfig.get_config_var("MULTIARCH") or getattr(sys.implementation, "_multiarch", "")
+    if triplet:
+        candidates.append(f"/usr/lib/{triplet}")
+    candidates += [f"/{name}" for name in ("lib", "lib64", "lib32", "libx32")]
+    candidates += PYTHON_DEVICE_READ_SET
+    return _minimal_cover(candidates) + etc_read_set()
+
+
+def python_write_set() -> list[str]:
+    """Write access a Python child needs besides its own roots: ``subprocess.DEVNULL`` opens
+    ``/dev/null`` read-write. ``/dev/shm`` (multiprocessing) is the caller's choice: it is shared
+    with every other process on the host."""
+    return ["/dev/null"]
+
+
+# -- credential stores ---------------------------------------------------------------------------
+
+# Beneath every home folder: where tools keep keys, tokens and passwords. A policy that reads
+# "everywhere" (``readable_paths: null``) still never reads these.
+HOME_CREDENTIAL_PATHS = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".config/gh", ".config/hub",
+    ".docker", ".kube", ".netrc", ".git-credentials", ".pypirc", ".npmrc", ".yarnrc",
+    ".password-store", ".local/share/keyrings", ".vault-token", ".terraform.d",
+    ".cargo/credentials", ".cargo/credentials.toml", ".config/rclone", ".s3cfg",
+    ".boto", ".pgpass", ".my.cnf", ".mozilla", ".config/google-chrome", ".config/chromium",
+    ".ipython/profile_default/security", ".local/share/jupyter/runtime", ".jupyter",
+    ".bash_history", ".python_history", ".zsh_history",
+)
+# Outside the homes: orchestrators' mounted secrets and sockets, and the kernel's own keys.
+SYSTEM_CREDENTIAL_PATHS = (
+    "/run/secrets", "/var/run/secrets", "/run/docker.sock", "/var/run/docker.sock",
+    "/var/lib/docker", "/var/lib/kubelet", "/run/user", "/var/lib/sss", "/var/lib/jupyter",
+    "/root/.local/share/jupyter", "/boot", "/lost+found",
+)
+
+
+def home_folders() -> list[str]:
+    """Every home folder this host knows: the passwd database, ``/home/*``, ``/root``, $HOME."""
+    homes = {"/root", os.path.expanduser("~")}
+    try:
+        import pwd
+
+        homes.update(entry.pw_dir for entry in pwd.getpwall() if entry.pw_dir not in ("", "/"))
+    except (ImportError, KeyError):
+        pass
+    try:
+        homes.update(entry.path for entry in os.scandir("/home") if entry.is_dir())
+    except OSError:
+        pass
+    # System accounts "live" in /bin, /usr/sbin, /nonexistent...: those are no homes to guard,
+    # and splitting /usr/bin around a fictitious .ssh would cost a rule per program.
+    return sorted(
+        home for home in homes
+        if os.path.isabs(home) and os.path.isdir(home)
+        and not any(is_within(os.path.realpath(home), system) for system in _SYSTEM_TREES)
+    )
+
+
+_SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/dev", "/proc", "/sys", "/etc",
+                 "/run/systemd", "/var/spool", "/var/cache", "/var/mail", "/var/backups")
+
+
+def credential_paths() -> list[str]:
+    """The built-in deny list, as absolute real paths (whether or not they exist now)."""
+    paths = [os.path.join(home, name) for home in home_folders() for name in HOME_CREDENTIAL_PATHS]
+    paths += SYSTEM_CREDENTIAL_PATHS
+    return sorted({os.path.realpath(path) for path in paths})
+
+
+def cover_except(root: str, denied: Iterable[str]) -> list[str]:
+    """Rules that cover ``root`` minus every path in ``denied``.
+
+    Landlock only allows, so a denial beneath an allowed folder is expressed by granting that
+    folder's other children instead, recursively along the path to each denied entry. Only
+    folders on those paths are listed. A symlink is granted only when its target lies clear of
+    every denied path (a rule follows the link, so ``~/keys -> ~/.ssh`` would grant ``.ssh``).
+    """
+    denied_set = {os.path.realpath(path) for path in denied}
+
+    def clear(path: str) -> bool:
+        return not any(is_within(path, bad) or is_within(bad, path) for bad in denied_set)
+
+    def walk(folder: str) -> list[str]:
+        if folder in denied_set:
+            return []
+        if not any(is_within(bad, folder) for bad in denied_set):
+            return [folder]
+        grants: list[str] = []
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            return []
+        for entry in entries:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if clear(target) and os.path.exists(target):
+                    grants.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                grants.extend(walk(entry.path))
+            elif entry.path not in denied_set:
+                grants.append(entry.path)
+        return grants
+
+    return walk(os.path.realpath(root))

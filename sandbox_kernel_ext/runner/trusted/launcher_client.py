@@ -1,0 +1,214 @@
+"""The trusted side's handle on the launcher: starts it by exec, asks it for children, and
+follows each child from its pidfd to its exit (`SpawnedChild`).
+
+The launcher itself (`launcher/server.py`) runs in a process of its own; this module only
+names it in the command line it execs, so nothing of the launcher loads in the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from ...policy.errors import SandboxError
+from ..wire import ChildPlan, receive_message, send_message
+
+__all__ = ["LauncherClient", "SpawnedChild", "LAUNCHER_ENV_NAMES"]
+
+# The launcher's whole environment: nothing of the kernel's (API keys) may reach a fork.
+LAUNCHER_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
+
+# The launcher loads only the modules it runs: the packages above it become bare namespaces,
+# so their `__init__`s (pydantic, yaml, the file layer) stay out. Every fork copies the
+# launcher's page tables, and a small launcher makes a fork about four times cheaper.
+BOOTSTRAP = """
+import sys, types
+root = sys.argv[1]
+for name, folder in (("sandbox_kernel_ext", root), ("sandbox_kernel_ext.policy", root + "/policy")):
+    package = types.ModuleType(name)
+    package.__path__ = [folder]
+    sys.modules[name] = package
+del sys.argv[1]
+from sandbox_kernel_ext.runner.launcher.server import main
+main()
+"""
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class SpawnedChild:
+    """A running confined child as the manager sees it: pid, pidfd, and its exit when known."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.pidfd = -1
+        self.pid_namespace = True
+        self.error: str | None = None
+        self.status: int | None = None
+        self.cpu_seconds = 0.0
+        self.maxrss_kb = 0
+        self.started = threading.Event()
+        self.exited = threading.Event()
+        self.kill_requested = False
+
+    def kill(self) -> None:
+        """SIGKILL PID 1 of the child's namespace: the kernel then kills all of it. Asked
+        before the launcher's answer arrives, the kill happens as soon as it does."""
+        self.kill_requested = True
+        if self.pidfd >= 0 and not self.exited.is_set() and not self.pid_namespace:
+            _sweep_descendants(self.pid)  # no namespace to take them with it
+        if self.pidfd >= 0 and not self.exited.is_set():
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+
+    def wait_started(self) -> None:
+        """Block until the child runs; raise SandboxError with the reason it could not."""
+        self.started.wait()
+        if self.error is not None:
+            raise SandboxError(f"the sandbox could not start: {self.error}")
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+def _sweep_descendants(pid: int) -> None:
+    """SIGKILL every descendant of `pid`, repeatedly while new ones appear (without a PID
+    namespace this is the only way; `setsid` children stay descendants until reparented)."""
+    import psutil
+
+    for _ in range(5):
+        try:
+            found = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return
+        if not found:
+            return
+        for process in found:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+
+
+class LauncherClient:
+    """Starts the launcher on first use and talks to it; thread-safe; restarts it if it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._pending: dict[int, SpawnedChild] = {}
+        self._next_id = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def _start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {name: os.environ[name] for name in LAUNCHER_ENV_NAMES if name in os.environ}
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-c", BOOTSTRAP, _PACKAGE_DIR, str(child.fileno())],
+                pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, cwd="/", start_new_session=True,
+            )
+        finally:
+            child.close()
+        self._sock = parent
+        self._reader = threading.Thread(
+            target=self._read_loop, args=(parent,), name="sandbox-launcher-reader", daemon=True
+        )
+        self._reader.start()
+
+    def spawn(self, plan: ChildPlan, fds: dict[str, int]) -> SpawnedChild:
+        """Ask for a child and return at once; `wait_started()` on the result waits for it
+        (so the caller can record it first, and a kill in between is not lost)."""
+        child = SpawnedChild()
+        with self._lock:
+            if self._sock is None or self._process is None or self._process.poll() is not None:
+                self._cleanup_locked()
+                self._start()
+            self._next_id += 1
+            request_id = self._next_id
+            self._pending[request_id] = child
+            message = {"op": "spawn", "id": request_id, "plan": plan.to_json(), "fds": list(fds)}
+            assert self._sock is not None
+            try:
+                send_message(self._sock, message, list(fds.values()))
+            except OSError as exc:
+                self._pending.pop(request_id, None)
+                raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
+        return child
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        while True:
+            data, fds = receive_message(sock)
+            if not data:
+                break
+            message = json.loads(data)
+            with self._lock:
+                child = self._pending.get(message.get("id"))
+            if child is None:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            op = message["op"]
+            if op == "spawned":
+                child.pid, child.pidfd = message["pid"], fds[0]
+                child.pid_namespace = message["pid_namespace"]
+                if child.kill_requested:
+                    child.kill()
+                child.started.set()
+            elif op == "failed":
+                child.error = message["error"]
+                self._finish(message["id"], child)
+            elif op == "exited":
+                child.status = message["status"]
+                child.cpu_seconds = message["cpu_seconds"]
+                child.maxrss_kb = message["maxrss_kb"]
+                self._finish(message["id"], child)
+        with self._lock:
+            orphans = list(self._pending.items())
+        for request_id, child in orphans:
+            child.error = child.error or "the sandbox launcher exited"
+            self._finish(request_id, child)
+
+    def _finish(self, request_id: int, child: SpawnedChild) -> None:
+        with self._lock:
+            self._pending.pop(request_id, None)
+        child.started.set()
+        child.exited.set()
+
+    def _cleanup_locked(self) -> None:
+        if self._sock is not None:
+            try:  # wakes our reader thread and gives the launcher its end of file
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def close(self) -> None:
+        """Closing the socket makes the launcher kill its live children and exit."""
+        with self._lock:
+            self._cleanup_locked()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+            self._reader = None

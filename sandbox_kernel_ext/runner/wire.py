@@ -1,0 +1,127 @@
+"""What crosses between the runner's processes, and in what shape.
+
+Three processes meet here: the trusted side (the Jupyter kernel or any Python caller, in
+`trusted/`), the launcher (`launcher/`, a fork server) and the confined child (`child/`).
+This module is their shared vocabulary and imports none of them:
+
+- `ChildPlan`, the plain data the trusted side decides and the launcher and child carry out;
+- the descriptor numbers the child finds its plumbing at;
+- the launcher's message framing (one JSON object per SOCK_SEQPACKET message, descriptors in
+  SCM_RIGHTS) and its size caps;
+- the encoding of a cell's output variables (JSON-safe data only: the trusted side never
+  unpickles anything a sandboxed process wrote).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = [
+    "ChildPlan", "CONTROL_FD", "PAYLOAD_FD", "STATUS_FD", "MAX_MESSAGE", "MAX_FDS",
+    "MAX_VARIABLES_BYTES", "encode_value", "decode_value", "read_to_end", "send_message",
+    "receive_message",
+]
+
+# Where the plumbing sits in the confined child.
+CONTROL_FD = 3  # a socket to the trusted side: JSON-line frames both ways, fds back
+PAYLOAD_FD = 4  # trusted side -> child: the cell and its pickled inputs (a memfd)
+STATUS_FD = 5  # child -> launcher: setup errors; closed (on exec) once the child runs
+
+# The launcher's messages: a plan with ~250 paths is ~20 KB; descriptors per message.
+MAX_MESSAGE = 4 * 1024 * 1024
+MAX_FDS = 8
+
+# Output variables are parsed on the trusted side: 4 MiB of JSON can cost ~100x that as
+# Python objects in the worst case, so the cap stays small. Larger results belong in a file.
+MAX_VARIABLES_BYTES = 4 * 1024 * 1024
+_MAX_DEPTH = 64
+_BYTES_TAG = "__sandbox_bytes__"
+
+
+@dataclass
+class ChildPlan:
+    """One confined child, decided on the trusted side (`trusted/plan.py`)."""
+
+    kind: str  # "exec": run argv; "python": run cell code in the forked interpreter
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    read_paths: list[str]
+    write_paths: list[str]
+    rlimits: dict[str, list[int]]
+    uid: int | None  # identity to drop to when the launcher runs as root
+    gid: int | None
+    # Where the egress proxy listens inside the child's network namespace (None: no network).
+    proxy_port: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChildPlan:
+        return cls(**data)
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    """One launcher message and its descriptors (raises OSError when the other side is gone)."""
+    socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+
+
+def receive_message(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One launcher message and its descriptors; (b"", []) once the other side is gone."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except OSError:
+        return b"", []
+    return data, fds
+
+
+def read_to_end(fd: int) -> bytes:
+    """Everything until end of file, then close `fd` (pipes and memfds of the plumbing)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def encode_value(value: Any, name: str, depth: int = 0) -> Any:
+    """JSON-safe data: None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts."""
+    if depth > _MAX_DEPTH:
+        raise TypeError(f"output variable {name!r} is nested more than {_MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return {_BYTES_TAG: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, (list, tuple)):
+        return [encode_value(item, name, depth + 1) for item in value]
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"output variable {name!r} has a non-string key {key!r}")
+            out[key] = encode_value(item, name, depth + 1)
+        return out
+    raise TypeError(
+        f"output variable {name!r} is a {type(value).__name__}; only JSON-safe data "
+        "(None, bool, numbers, str, bytes, lists and str-keyed dicts) leaves a sandbox"
+    )
+
+
+def decode_value(value: Any) -> Any:
+    """The trusted side of `encode_value`: only the bytes tag means anything."""
+    if isinstance(value, list):
+        return [decode_value(item) for item in value]
+    if isinstance(value, dict):
+        if set(value) == {_BYTES_TAG} and isinstance(value[_BYTES_TAG], str):
+            return base64.b64decode(value[_BYTES_TAG], validate=True)
+        return {key: decode_value(item) for key, item in value.items()}
+    return value
