@@ -31,6 +31,7 @@ from ...approval.broker import ApprovalBroker
 from ...policy.egress import EgressFilter, RateLimiter
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
+from ..wire import ChildPlan
 from .control import ControlChannel
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
@@ -102,6 +103,73 @@ class _Stream:
         if self.dropped:
             text += f"\n[sandbox] {self.dropped} more bytes of {self.name} dropped (cap {self.cap} bytes)\n"
         return text
+
+
+class _Plumbing:
+    """The descriptors of one run, each with one owner at a time.
+
+    The child's ends (`child_ends`, by the names the launcher expects) are ours until the
+    launcher has duplicated them into the child; the trusted ends (the output pipes, the
+    control socket, the egress hand-off) are ours until the run is collected, except the
+    control socket, which `take_control` hands to the control channel. `close()` closes
+    whatever is still held, and is safe to call more than once.
+    """
+
+    def __init__(self) -> None:
+        self.child_ends: dict[str, int] = {}
+        self.stdout = self.stderr = -1
+        self.control: socket.socket | None = None
+        self.handoff: socket.socket | None = None
+
+    @classmethod
+    def open(cls, plan: ChildPlan, stdin: bytes | None, payload: bytes | None) -> _Plumbing:
+        plumbing = cls()
+        try:
+            plumbing.stdout, plumbing.child_ends["stdout"] = os.pipe2(os.O_CLOEXEC)
+            plumbing.stderr, plumbing.child_ends["stderr"] = os.pipe2(os.O_CLOEXEC)
+            plumbing.child_ends["stdin"] = (
+                _memfd("sandbox-stdin", stdin) if stdin
+                else os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            )
+            if payload is not None:
+                plumbing.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                plumbing.child_ends["control"] = child_end.detach()
+                plumbing.child_ends["payload"] = _memfd("sandbox-cell", payload)
+            if plan.proxy_port is not None:
+                plumbing.handoff, child_end = socket.socketpair(socket.AF_UNIX,
+                                                                socket.SOCK_SEQPACKET)
+                plumbing.child_ends["egress"] = child_end.detach()
+        except BaseException:
+            plumbing.close()
+            raise
+        return plumbing
+
+    def take_control(self) -> socket.socket:
+        sock, self.control = self.control, None
+        assert sock is not None
+        return sock
+
+    def close_child_ends(self) -> None:
+        ends, self.child_ends = self.child_ends, {}
+        for fd in ends.values():
+            os.close(fd)
+
+    def close_handoff(self) -> None:
+        if self.handoff is not None:
+            self.handoff.close()
+            self.handoff = None
+
+    def close(self) -> None:
+        self.close_child_ends()
+        self.close_handoff()
+        for name in ("stdout", "stderr"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+        if self.control is not None:
+            self.control.close()
+            self.control = None
 
 
 class SandboxManager:
@@ -370,80 +438,63 @@ class SandboxManager:
         sandbox.runs += 1
         return result
 
-    def _spawn_and_collect(self, sandbox: _Sandbox, plan: Any, timeout: float,
+    def _spawn_and_collect(self, sandbox: _Sandbox, plan: ChildPlan, timeout: float,
                            on_output: OutputCallback | None, stdin: bytes | None,
                            payload: bytes | None,
                            on_start: StartCallback | None = None) -> SandboxResult:
-        limits = sandbox.capability.resource_limits
-        cap = int(limits.max_output_mb * 1024 * 1024)
-        parent_fds: list[int] = []
-        child_fds: dict[str, int] = {}
-        control_sock = handoff = listener = None
+        """Launch the child, watch it to its end, and collect what it left."""
+        plumbing = _Plumbing.open(plan, stdin, payload)
         try:
-            out_r, child_fds["stdout"] = os.pipe2(os.O_CLOEXEC)
-            err_r, child_fds["stderr"] = os.pipe2(os.O_CLOEXEC)
-            parent_fds += [out_r, err_r]
-            if stdin:
-                child_fds["stdin"] = _memfd("sandbox-stdin", stdin)
-            else:
-                child_fds["stdin"] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            if payload is not None:
-                control_sock, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                child_fds["control"] = child_end.detach()
-                child_fds["payload"] = _memfd("sandbox-cell", payload)
-            if plan.proxy_port is not None:
-                handoff, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                child_fds["egress"] = child_end.detach()
-            # Values (API keys the policy lets through) go on a memfd: a plan is kept in the
-            # launcher's memory, which every later fork inherits.
-            child_fds["env"] = _memfd("sandbox-env", json.dumps(plan.env).encode())
-            started = time.monotonic()
-            child = self._launcher.spawn(dataclasses.replace(plan, env={}), child_fds)
-            sandbox.child = child  # from here on, kill() and destroy() reach it
-            try:
-                child.wait_started()
-                for fd in child_fds.values():
-                    os.close(fd)
-                child_fds.clear()  # so an end of file means the child is gone
-                if handoff is not None:
-                    listener = self._serve_egress(sandbox, child, handoff)
-            except BaseException:
-                child.kill()  # an interrupt while it starts: it must not run on unwatched
-                child.exited.wait(timeout=10)
-                child.close()
-                raise
-        except BaseException:
-            for fd in parent_fds:
-                os.close(fd)
-            if control_sock is not None:
-                control_sock.close()
-            raise
+            child, started, listener = self._launch(sandbox, plan, plumbing)
+            return self._supervise(sandbox, child, plumbing, listener, started, timeout,
+                                   on_output, on_start)
         finally:
-            for fd in child_fds.values():
-                os.close(fd)
-            if handoff is not None:
-                handoff.close()
+            plumbing.close()
+
+    def _launch(self, sandbox: _Sandbox, plan: ChildPlan, plumbing: _Plumbing
+                ) -> tuple[SpawnedChild, float, socket.socket | None]:
+        """Start the child and wait until it runs; (the child, its start, the proxy's
+        listener in its namespace). A failure or an interrupt while it starts kills it: it
+        must not run on unwatched."""
+        # Values (API keys the policy lets through) go on a memfd: a plan is kept in the
+        # launcher's memory, which every later fork inherits.
+        plumbing.child_ends["env"] = _memfd("sandbox-env", json.dumps(plan.env).encode())
+        started = time.monotonic()
+        child = self._launcher.spawn(dataclasses.replace(plan, env={}), plumbing.child_ends)
+        sandbox.child = child  # from here on, kill() and destroy() reach it
+        try:
+            child.wait_started()
+            plumbing.close_child_ends()  # the launcher has them: an end of file means it ended
+            listener = None
+            if plumbing.handoff is not None:
+                listener = self._serve_egress(sandbox, child, plumbing.handoff)
+            plumbing.close_handoff()
+        except BaseException:
+            child.kill()
+            child.exited.wait(timeout=10)
+            child.close()
+            raise
+        return child, started, listener
+
+    def _supervise(self, sandbox: _Sandbox, child: SpawnedChild, plumbing: _Plumbing,
+                   listener: socket.socket | None, started: float, timeout: float,
+                   on_output: OutputCallback | None, on_start: StartCallback | None
+                   ) -> SandboxResult:
+        """Monitor, stream and serve the control channel until every pipe ends; stop all of
+        it whatever happens, and kill the tree if we are interrupted."""
         monitor = ResourceMonitor(
-            limits, interval=self.monitor_interval, timeout=timeout,
+            sandbox.capability.resource_limits, interval=self.monitor_interval, timeout=timeout,
             on_breach=lambda reason: self._breach(sandbox, child, reason),
             # Waiting for people stretches a run's deadline by one approval timeout at most.
             max_paused=self.broker.timeout or DEFAULT_MAX_PAUSED,
         )
         sandbox.monitor = monitor
-        streams = {out_r: _Stream("stdout", cap, on_output), err_r: _Stream("stderr", cap, on_output)}
+        cap = int(sandbox.capability.resource_limits.max_output_mb * 1024 * 1024)
+        streams = {plumbing.stdout: _Stream("stdout", cap, on_output),
+                   plumbing.stderr: _Stream("stderr", cap, on_output)}
         control = None
-        if control_sock is not None:
-            files = GatedFiles(
-                sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}",
-                roots=list(sandbox.gated),
-                on_waiting=lambda waiting: (monitor.pause_clock() if waiting
-                                            else monitor.resume_clock()),
-            )
-            control = ControlChannel(
-                control_sock, files,
-                on_usage=lambda tokens, cost: self._usage(monitor, tokens, cost),
-                on_malformed=lambda reason: self._breach(sandbox, child, reason),
-            )
+        if plumbing.control is not None:
+            control = self._control_channel(sandbox, child, monitor, plumbing.take_control())
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
             monitor.start(child.pid, started_at=started)
@@ -458,14 +509,28 @@ class SandboxManager:
         finally:
             monitor.stop()
             sandbox.monitor = None
-            for fd in parent_fds:
-                os.close(fd)
             if control is not None:
                 control.close()
             if listener is not None and sandbox.proxy is not None:
                 sandbox.proxy.stop_serving(listener)  # its namespace is gone with the child
             child.close()
         return self._result(sandbox, child, monitor, streams, control, started, egress_before)
+
+    def _control_channel(self, sandbox: _Sandbox, child: SpawnedChild,
+                         monitor: ResourceMonitor, sock: socket.socket) -> ControlChannel:
+        """The cell's control channel: gated opens asked of the broker (the run's clock
+        stops while a person is asked), usage reports, and a kill for a malformed frame."""
+        files = GatedFiles(
+            sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}",
+            roots=list(sandbox.gated),
+            on_waiting=lambda waiting: (monitor.pause_clock() if waiting
+                                        else monitor.resume_clock()),
+        )
+        return ControlChannel(
+            sock, files,
+            on_usage=lambda tokens, cost: self._usage(monitor, tokens, cost),
+            on_malformed=lambda reason: self._breach(sandbox, child, reason),
+        )
 
     def _serve_egress(
         self, sandbox: _Sandbox, child: SpawnedChild, handoff: socket.socket
