@@ -1,4 +1,4 @@
-"""Sandbox (seed 000): virtual paths, permissions, suffix/size checks and derive."""
+"""Sandbox (filesystem-sandbox): virtual paths, permissions, suffix/size checks and derive."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def printable(text: str, keep: str = "") -> str:
 
 
 class TerminalResponder:
-    """Asks on the terminal (terminal IPython has no kernel to host a widget).
+    """Asks on the terminal (terminal IPython has no Jupyter kernel to host a widget).
 
     `timeout` is ignored: `input()` cannot be bounded portably, and a person is by
     definition at the prompt. End of input and Ctrl-C both deny without re-raising, so the

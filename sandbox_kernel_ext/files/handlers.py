@@ -1,4 +1,4 @@
-"""Seed 001's async handlers: JSON-ready dicts for a tool router.
+"""ATLAS's async handlers: JSON-ready dicts for a tool router.
 
 The sandbox root comes from `SANDBOX_KERNEL_EXT_FS_ROOT` (default: the working
 directory) and the quotas from the other `SANDBOX_KERNEL_EXT_FS_*` variables, read on

@@ -1,6 +1,6 @@
 """A backend on a host directory that cannot be tricked out of it.
 
-Every path is resolved by the kernel relative to one directory descriptor of the root,
+Every path is resolved by the Linux kernel relative to one directory descriptor of the root,
 never as a path string: a symlink swapped into the tree after the toolset's checks can
 at worst make an operation fail, never reach outside the root.
 """
@@ -85,7 +85,7 @@ _renameat2 = getattr(_libc, "renameat2", None) if _libc is not None else None
 
 
 def _openat2(dir_fd: int, path: bytes, flags: int, resolve: int) -> int:
-    """Raw openat2(2); raises OSError with the kernel's errno."""
+    """Raw openat2(2); raises OSError with Linux's errno."""
     if _OPENAT2_NR is None or _libc is None:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
     how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
@@ -108,7 +108,7 @@ def _openat2_works(dir_fd: int) -> bool:
     try:
         os.close(_openat2(dir_fd, b".", _DIR_LOOKUP, RESOLVE_BENEATH))
     except OSError as exc:
-        # ENOSYS: old kernel; EPERM: a seccomp profile that predates the call.
+        # ENOSYS: old Linux kernel; EPERM: a seccomp profile that predates the call.
         if exc.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
             return False
         raise
@@ -245,12 +245,12 @@ class HostBackend(FileBackend):
     """Storage in a host directory, opened once and used only through its descriptor.
 
     Resolution (`resolution`):
-    - "openat2": the kernel resolves each path under RESOLVE_BENEATH |
+    - "openat2": Linux resolves each path under RESOLVE_BENEATH |
       RESOLVE_NO_MAGICLINKS, so symlinks that stay inside the root are followed and
       anything leading out (absolute targets, `..` past the root) is refused atomically;
       with `deny_symlinks`, RESOLVE_NO_SYMLINKS refuses every symlink.
-    - "component-walk" (no openat2: kernel < 5.6, a seccomp filter, not Linux): one
-      O_NOFOLLOW open per component. Without the kernel's help an in-root symlink cannot
+    - "component-walk" (no openat2: Linux < 5.6, a seccomp filter, not Linux): one
+      O_NOFOLLOW open per component. Without Linux's help an in-root symlink cannot
       be followed safely, so ALL symlinks are refused.
 
     Operations on a final name (info, delete, rename, replace) open its parent and act

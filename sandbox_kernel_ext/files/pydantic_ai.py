@@ -1,4 +1,4 @@
-"""PydanticAI adapter for FileSystemToolset (seed 000), kept optional.
+"""PydanticAI adapter for FileSystemToolset (filesystem-sandbox), kept optional.
 
 Nothing in `sandbox_kernel_ext` imports this module, so the package works without
 pydantic-ai; import it (or call `as_pydantic_ai_toolset`) only when you use PydanticAI.

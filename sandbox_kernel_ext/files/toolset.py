@@ -1,4 +1,5 @@
-"""File tools for LLM agents, confined to a Sandbox's virtual paths (seeds 000-002, 004).
+"""File tools for LLM agents, confined to a Sandbox's virtual paths (the APIs of
+filesystem-sandbox, ATLAS's filesystem_io, DeepAgents' file tools and orbiter).
 
 Every operation: parse the virtual path, check the policy (grants, suffixes, sizes,
 quotas), ask the approval broker where the path requires it, then do the I/O through a
@@ -387,7 +388,7 @@ class FileSystemToolset:
         )
 
     def view(self, path: str, start_line: int = 1, max_lines: int = 200) -> FileView:
-        """Numbered lines from `start_line`, long lines capped (seed 002's read_file)."""
+        """Numbered lines from `start_line`, long lines capped (DeepAgents' read_file)."""
         if start_line < 1 or max_lines < 1:
             raise FilesystemError("start_line and max_lines must be 1 or more")
         vp, config = self._prepare(path, "read")
@@ -495,7 +496,7 @@ class FileSystemToolset:
             raise
 
     # ------------------------------------------- descriptors for a sandboxed child
-    # A confined child cannot open an approval-gated file itself (the kernel's rules leave it
+    # A confined child cannot open an approval-gated file itself (Landlock's rules leave it
     # out); the runner asks here on its behalf and hands over a descriptor, so the policy's
     # checks, its approvals, quotas and atomic writes are the same as for the tools.
     def open_descriptor(self, path: str) -> tuple[int, int]:
@@ -929,7 +930,7 @@ def _looks_binary(head: bytes, mime: str | None) -> bool:
     if b"\0" in head:
         return True
     if mime and mime.startswith("text/"):
-        return False  # invalid bytes in a text file are replaced, as seed 001 says
+        return False  # invalid bytes in a text file are replaced, as ATLAS's handlers do
     if mime and mime.split("/")[0] in ("image", "audio", "video", "font"):
         return True
     try:

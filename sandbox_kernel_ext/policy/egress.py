@@ -1,4 +1,4 @@
-"""Which outbound destinations a sandbox may reach, and how often (seed 003's EgressFilter).
+"""Which outbound destinations a sandbox may reach, and how often (aumai-sandbox's EgressFilter).
 
 This is the decision logic only; the runner's proxy enforces it. Parsing is strict on
 purpose: any URL we are not sure how a client would read is denied rather than guessed
@@ -352,5 +352,5 @@ class EgressFilter:
 
 
 def check_egress(url: str, rules: Iterable[NetworkEgressRule]) -> bool:
-    """Whether `url` is allowed by `rules` (seed 003's helper; no rate limiting)."""
+    """Whether `url` is allowed by `rules` (aumai-sandbox's helper; no rate limiting)."""
     return EgressFilter(rules).is_allowed(url)

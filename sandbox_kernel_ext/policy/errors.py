@@ -18,7 +18,7 @@ def _allowed(readable: Sequence[str] | None, writable: Sequence[str] | None) -> 
 
 
 class SandboxError(Exception):
-    """Base of every sandbox error (seed 000); also the seed-003 lifecycle error."""
+    """Base of every sandbox error (filesystem-sandbox); also the aumai-sandbox lifecycle error."""
 
 
 class ConfigurationError(SandboxError, ValueError):
@@ -49,7 +49,7 @@ class CapabilityParseError(SandboxError, ValueError):
 
 
 class FilesystemError(SandboxError):
-    """Base of file-operation failures (seed 001)."""
+    """Base of file-operation failures (ATLAS filesystem_io)."""
 
 
 class PathNotFoundError(FilesystemError, FileNotFoundError):
@@ -61,7 +61,7 @@ class PathNotFoundError(FilesystemError, FileNotFoundError):
 
 
 class SandboxViolationError(FilesystemError, PermissionError):
-    """An operation tried to leave what the policy allows (seed 001)."""
+    """An operation tried to leave what the policy allows (ATLAS filesystem_io)."""
 
 
 class PathNotInSandboxError(SandboxViolationError):
@@ -112,7 +112,7 @@ class SuffixNotAllowedError(SandboxViolationError):
 
 
 class QuotaExceededError(FilesystemError):
-    """A per-operation or aggregate quota would be exceeded (seed 001)."""
+    """A per-operation or aggregate quota would be exceeded (ATLAS filesystem_io)."""
 
     def __init__(self, message: str, *, actual: int | None = None, limit: int | None = None):
         self.actual = actual
@@ -132,11 +132,11 @@ class FileTooLargeError(QuotaExceededError):
         )
 
 
-FileSizeExceeded = FileTooLargeError  # seed 002's name for the same refusal
+FileSizeExceeded = FileTooLargeError  # DeepAgents' name for the same refusal
 
 
 class FilesystemTimeoutError(FilesystemError, TimeoutError):
-    """An operation ran past its time budget and was stopped (seed 001)."""
+    """An operation ran past its time budget and was stopped (ATLAS filesystem_io)."""
 
 
 class EditError(FilesystemError):
@@ -166,4 +166,4 @@ class ApprovalDeniedError(SandboxViolationError):
 
 
 class ToolError(SandboxError):
-    """A tool call failed; the message is meant for the model that made the call (seed 004)."""
+    """A tool call failed; the message is meant for the model that made the call (orbiter.sandbox.tools)."""

@@ -16,7 +16,7 @@ ENV_PREFIX = "SANDBOX_KERNEL_EXT_FS_"
 class FileLimits(BaseModel):
     """Per-operation quotas, the aggregate storage quota and backend options.
 
-    Defaults follow seeds 001 and 002. `None` means no limit.
+    Defaults follow ATLAS's and DeepAgents' file tools. `None` means no limit.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

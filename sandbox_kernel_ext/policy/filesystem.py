@@ -1,8 +1,8 @@
-"""Seed 003's path checks for `FilesystemConfig`, with containment done right.
+"""aumai-sandbox's path checks for `FilesystemConfig`, with containment done right.
 
 This is a logic-layer answer ("would the policy allow this?") for tools and for
 explaining denials; it opens nothing, and a check here can race with a later open.
-The runner enforces the same config in the kernel (Landlock), which is what
+The runner enforces the same config in the Linux kernel (Landlock), which is what
 actually confines a sandboxed process.
 
 | mode         | reads                                            | writes                         |

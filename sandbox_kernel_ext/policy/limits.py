@@ -1,4 +1,4 @@
-"""Seed 003's pure check of a usage snapshot against `ResourceLimits`.
+"""aumai-sandbox's pure check of a usage snapshot against `ResourceLimits`.
 
 The monitor (runner layer) samples the process tree and calls this; keeping it free
 of psutil and clocks makes the kill decision easy to test. Limits are checked in a

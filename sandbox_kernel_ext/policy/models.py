@@ -1,7 +1,7 @@
-"""The policy models of seed 003, extended so one file describes everything.
+"""The policy models of aumai-sandbox, extended so one file describes everything.
 
 A policy file is a `CapabilityDeclaration`: the seed's capability fields, plus the
-seed-000 path table (`paths` or `root`) for the file toolset and `file_limits`.
+filesystem-sandbox path table (`paths` or `root`) for the file toolset and `file_limits`.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class FilesystemConfig(_Model):
 
 
 class ResourceLimits(_Model):
-    """Budgets of one sandbox. The first four are seed 003's; the rest bound what the
+    """Budgets of one sandbox. The first four are aumai-sandbox's; the rest bound what the
     runner enforces with rlimits and the monitor (processes in the tree, size of one
     written file, open descriptors per process, output kept in memory per stream)."""
 
@@ -164,7 +164,7 @@ class ResourceLimits(_Model):
 
 
 class CapabilityDeclaration(_Model):
-    """Everything a sandbox may do: the seed-003 fields and the file toolset's table."""
+    """Everything a sandbox may do: the aumai-sandbox fields and the file toolset's table."""
 
     sandbox_tier: SandboxTier = SandboxTier.seccomp
     network_egress_rules: list[NetworkEgressRule] = Field(default_factory=list)
@@ -174,7 +174,7 @@ class CapabilityDeclaration(_Model):
     env_allowlist: list[str] | None = None
     # Refuse to run where a confinement layer is missing, instead of warning and running.
     strict: bool = False
-    # Extensions: the seed-000 path table for the file toolset, and its quotas.
+    # Extensions: the filesystem-sandbox path table for the file toolset, and its quotas.
     paths: dict[str, PathConfig] | None = None
     root: RootSandboxConfig | None = None
     file_limits: FileLimits = Field(default_factory=FileLimits)
@@ -194,7 +194,7 @@ class CapabilityDeclaration(_Model):
         return self._base_path or Path.cwd()
 
     def sandbox_config(self) -> SandboxConfig | None:
-        """The seed-000 config this policy describes, or None when it has no path table."""
+        """The filesystem-sandbox config this policy describes, or None when it has no path table."""
         if self.paths is None and self.root is None:
             return None
         return SandboxConfig(root=self.root, paths=self.paths)

@@ -170,7 +170,7 @@ def _located(loc: tuple[Any, ...], data: Any) -> tuple[DataPath, DataPath]:
 
 
 class CapabilityParser:
-    """Parse YAML capability policies (seed 003's API) with line-accurate errors."""
+    """Parse YAML capability policies (aumai-sandbox's API) with line-accurate errors."""
 
     @staticmethod
     def from_file(path: str | Path) -> CapabilityDeclaration:

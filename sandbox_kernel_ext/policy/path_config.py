@@ -1,4 +1,4 @@
-"""The seed-000 path table: which host directories become which virtual paths."""
+"""The filesystem-sandbox path table: which host directories become which virtual paths."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Virtual paths and permission checks (seed 000). Reads no file content: `resolve`
+"""Virtual paths and permission checks (filesystem-sandbox). Reads no file content: `resolve`
 follows symlinks with realpath, and I/O itself is the file backends' job.
 
 A virtual path is `/<name>/rel/path` in multi-path mode (the leading `/` is optional)

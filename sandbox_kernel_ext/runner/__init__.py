@@ -1,7 +1,7 @@
 """Run code and commands under confinement that the operating system enforces.
 
 Laid out by the process each piece runs in:
-- `trusted/`: the kernel's side (or any Python caller's): `SandboxManager` (seed 003) and what
+- `trusted/`: the Jupyter kernel's side (or any Python caller's): `SandboxManager` (aumai-sandbox) and what
   it decides with (the plan, the host read set, gated files, the control channel, the egress
   proxy, the monitor, the isolation report, the launcher's client, `sandbox-run`);
 - `launcher/`: the fork server, a single-threaded process of its own;

@@ -1,4 +1,4 @@
-"""Agent tools (seed 004's shapes) over the file layer and the runner.
+"""Agent tools (orbiter's shapes) over the file layer and the runner.
 
 `FilesystemTool` reads and writes through the file toolset; `TerminalTool` runs a shell line
 under the runner's confinement, after the blacklist checks every command word the parser

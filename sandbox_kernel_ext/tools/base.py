@@ -1,4 +1,4 @@
-"""Seed 004's `Tool`: the shape every agent tool of this layer has."""
+"""orbiter's `Tool`: the shape every agent tool of this layer has."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 004's `FilesystemTool`: a host-path facade over the file layer's toolset."""
+"""orbiter's `FilesystemTool`: a host-path facade over the file layer's toolset."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _VIRTUAL_NAME = re.compile(r"(?<![\w/])/(d\d+)(?![\w])")
 class FilesystemTool(Tool):
     """Read, write or list files inside `allowed_directories` (host paths).
 
-    Unlike seed 004, `None` or an empty list does not allow everything: it allows only
+    Unlike orbiter, `None` or an empty list does not allow everything: it allows only
     the current working directory. Paths are checked by the toolset's race-free I/O, so
     a symlink inside an allowed directory cannot lead out of it.
     """

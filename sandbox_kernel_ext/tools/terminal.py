@@ -1,4 +1,4 @@
-"""Seed 004's `TerminalTool`: an agent's shell, run under the sandbox's confinement.
+"""orbiter's `TerminalTool`: an agent's shell, run under the sandbox's confinement.
 
 The seed checked only the first word of a command line against its blacklist, so
 `env rm x`, `a; rm x`, `$(rm x)`, `sh -c 'rm x'` and `/bin/rm x` all went through. Here the
@@ -38,7 +38,7 @@ DEFAULT_BLACKLIST: frozenset[str] = frozenset(
 
 
 class TerminalTool(Tool):
-    """Run a shell command (`/bin/sh -c`) inside a kernel-confined sandbox.
+    """Run a shell command (`/bin/sh -c`) inside a sandbox the Linux kernel confines.
 
     The sandbox (`SandboxManager` under the given `CapabilityDeclaration`, by default
     one that allows nothing extra) is what keeps the command in bounds. The blacklist

@@ -115,7 +115,7 @@ def run_setup_fork(
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     if use_userns or os.geteuid() == 0:
         enter_namespaces(NAMESPACES, use_userns)
-    # else: no user namespaces for an unprivileged kernel, so no namespaces at all; the
+    # else: no user namespaces for an unprivileged launcher, so no namespaces at all; the
     # isolation report names the missing layer, strict mode refuses, and the manager kills
     # the child's tree by sweeping it.
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace

@@ -2,8 +2,8 @@
 refusals that say what the policy allows.
 
 Runs inside the confined child, installed before the cell's first line. None of it is a
-security boundary (the cell could undo it): the kernel's rules are. It makes the boundary
-usable: `open()` of an approval-gated path asks the kernel over the control channel and gets
+security boundary (the cell could undo it): Landlock's and seccomp's rules are. It makes the boundary
+usable: `open()` of an approval-gated path asks the trusted side over the control channel and gets
 a descriptor back once someone approves, and a refused open names the virtual path and what
 is allowed instead of a bare EACCES.
 """
@@ -56,7 +56,7 @@ class _Channel:
                 data, more, _flags, _addr = socket.recv_fds(self._sock, 65536, 4)
                 fds += more
                 if not data:
-                    raise PermissionError(errno.EACCES, "the kernel closed the control channel")
+                    raise PermissionError(errno.EACCES, "the trusted side closed the control channel")
                 self._pending += data
             line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line), fds
@@ -76,7 +76,7 @@ def report_usage(tokens: int = 0, cost: float = 0.0) -> None:
         raise ValueError(f"cost must be a number from 0, got {cost!r}")
     if _channel is None:
         raise RuntimeError(
-            "report_usage works inside a sandboxed cell; in the kernel, use "
+            "report_usage works inside a sandboxed cell; outside a sandbox, use "
             "SandboxManager.record_usage(sandbox_id, tokens=..., cost_usd=...)"
         )
     send_frame({"type": "usage", "tokens": tokens, "cost": float(cost)})
@@ -182,7 +182,7 @@ def _commit(handle: str, path: str) -> None:
 
 
 def _refused(reply: dict, path: str) -> PermissionError:
-    # PermissionError appends ": 'path'" to the message, so the kernel's sentence loses its stop.
+    # PermissionError appends ": 'path'" to the message, so the trusted side's sentence loses its stop.
     reason = str(reply.get("error") or "refused").rstrip(".")
     return PermissionError(reply.get("errno", errno.EACCES), reason, path)
 
@@ -313,7 +313,7 @@ def _sandbox_os_close(fd: int) -> None:
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     """Opens that went around the wrappers (io.FileIO directly, a saved os.open): refuse a
-    gated one with the reason, instead of the kernel's bare EACCES."""
+    gated one with the reason, instead of Landlock's bare EACCES."""
     if event != "open" or getattr(_inside_wrapper, "active", False):
         return
     path = _path_text(args[0]) if args else None
@@ -328,13 +328,13 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         raise PermissionError(
             errno.EACCES,
             f"{'write to' if write else 'read of'} {virtual} needs approval: open it with "
-            "open() or os.open(), which ask the kernel for it",
+            "open() or os.open(), which ask the trusted side for it",
             path,
         )
 
 
 def install(control_fd: int, view: dict[str, Any]) -> None:
-    """Connect to the kernel and put the wrappers in place (before the cell's first line)."""
+    """Connect to the trusted side and put the wrappers in place (before the cell's first line)."""
     global _channel, _policy
     _channel = _Channel(control_fd)
     _policy = _Policy(view)

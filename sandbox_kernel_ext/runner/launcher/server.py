@@ -1,7 +1,7 @@
 """The fork server: one single-threaded process per `SandboxManager`, started by exec.
 
 Landlock and seccomp confine only the calling thread, and a Jupyter kernel has many threads,
-so no confinement ever happens in the kernel's process. The launcher is exec'd with a scrubbed
+so no confinement ever happens in the Jupyter kernel's process. The launcher is exec'd with a scrubbed
 environment (a child's `/proc/self/environ` shows the environment its ancestors were exec'd
 with), forks a confined child per request (`child/bootstrap.py` runs in the forks), hands the
 trusted side a pidfd for it, reaps it as a child subreaper and reports its exit status and
@@ -98,7 +98,7 @@ class Launcher:
             self._shut_down()
 
     def _watch_signals(self) -> None:
-        """SIGCHLD wakes the select loop through a pipe; the kernel's interrupt is not ours."""
+        """SIGCHLD wakes the select loop through a pipe; the Jupyter kernel's interrupt is not ours."""
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)

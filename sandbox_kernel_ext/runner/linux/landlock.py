@@ -1,7 +1,7 @@
 """Landlock filesystem, TCP-port and scoping rules through ``ctypes`` (no native dependency).
 
 Landlock only *allows*: once a ruleset handles a right, every path or port not named by a
-rule loses it. We handle every filesystem right the running kernel knows, so anything not
+rule loses it. We handle every filesystem right the running Linux kernel knows, so anything not
 listed is neither readable nor writable, by any syscall, in this process and in everything it
 later ``exec``s.
 
@@ -82,7 +82,7 @@ FS_RIGHTS_BY_ABI: dict[int, int] = {
 NET_ABI = 4
 SCOPE_ABI = 6
 
-# Rights that make sense on a regular file; the kernel rejects directory-only rights
+# Rights that make sense on a regular file; Linux rejects directory-only rights
 # (READ_DIR, REMOVE_*, MAKE_*, REFER) in a rule whose path is not a directory.
 FS_FILE_RIGHTS = (
     ACCESS_FS_EXECUTE
@@ -114,7 +114,7 @@ FS_WRITE_RIGHTS = FS_READ_RIGHTS | (
 
 
 class LandlockUnavailableError(RuntimeError):
-    """The running kernel (or OS) has no usable Landlock: confinement cannot be applied."""
+    """The running Linux kernel (or OS) has no usable Landlock: confinement cannot be applied."""
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -126,7 +126,7 @@ class _RulesetAttr(ctypes.Structure):
 
 
 class _PathBeneathAttr(ctypes.Structure):
-    _pack_ = 1  # the kernel struct is __attribute__((packed)): 12 bytes
+    _pack_ = 1  # the Linux struct is __attribute__((packed)): 12 bytes
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
@@ -143,7 +143,7 @@ def _syscall(number: int, *args: ctypes._SimpleCData | ctypes.c_void_p) -> int:
 
 
 def landlock_abi() -> int:
-    """The Landlock ABI version of the running kernel, 0 when there is no usable Landlock."""
+    """The Landlock ABI version of the running Linux kernel, 0 when there is no usable Landlock."""
     if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
         return 0
     try:
@@ -163,7 +163,7 @@ class LandlockRuleset:
     Rules are plain data until ``build()`` (so a builder is cheap to make and to fork);
     ``build()`` opens each path with ``O_PATH|O_CLOEXEC``, adds the rule and closes it again.
     A path that does not exist is skipped and reported, not fatal: a policy may name optional
-    roots. ``abi`` pins a lower ABI than the kernel's (never a higher one: rights the kernel
+    roots. ``abi`` pins a lower ABI than Linux's (never a higher one: rights Linux
     does not know cannot be enforced, and ``unenforced()`` names them).
     """
 
@@ -197,7 +197,7 @@ class LandlockRuleset:
         return self._scoped if self.abi >= SCOPE_ABI else 0
 
     def unenforced(self) -> list[str]:
-        """Protections this builder cannot give on this kernel, for warnings and strict mode."""
+        """Protections this builder cannot give on this Linux kernel, for warnings and strict mode."""
         missing: list[str] = []
         if self.abi < 1:
             return ["landlock"]
@@ -228,12 +228,12 @@ class LandlockRuleset:
         return self
 
     def allow_tcp_bind(self, port: int) -> LandlockRuleset:
-        """Allow TCP ``bind()`` to ``port`` (0 means "let the kernel pick")."""
+        """Allow TCP ``bind()`` to ``port`` (0 means "let Linux pick")."""
         self._tcp_bind_ports.append(_check_port(port))
         return self
 
     def scope_signals(self) -> LandlockRuleset:
-        """Deny signals to processes outside this domain (the kernel, the launcher, anything)."""
+        """Deny signals to processes outside this domain (the Jupyter kernel, the launcher, anything)."""
         self._scoped |= SCOPE_SIGNAL
         self._requested_scopes.add("scope_signals")
         return self
@@ -244,14 +244,14 @@ class LandlockRuleset:
         self._requested_scopes.add("scope_abstract_unix")
         return self
 
-    # -- kernel objects --------------------------------------------------------------------------
+    # -- Landlock objects --------------------------------------------------------------------------
     def build(self) -> list[str]:
         """Create the ruleset and add every rule; return the paths skipped as missing."""
         if self.abi < 1:
-            raise LandlockUnavailableError("Landlock is not available on this kernel")
+            raise LandlockUnavailableError("Landlock is not available on this Linux kernel")
         self.close()
         attr = _RulesetAttr(self.handled_access_fs, self.handled_access_net, self.scoped)
-        # Pass only the fields this ABI knows, so older kernels do not reject the size.
+        # Pass only the fields this ABI knows, so older Linux kernels do not reject the size.
         attr_size = 8 if self.abi < NET_ABI else 16 if self.abi < SCOPE_ABI else 24
         ruleset_fd = _syscall(
             SYS_LANDLOCK_CREATE_RULESET,
@@ -286,7 +286,7 @@ class LandlockRuleset:
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             self.skipped.append(path)
             return None
-        # What the descriptor really names, asked of the kernel: a path whose folders were
+        # What the descriptor really names, asked of Linux: a path whose folders were
         # swapped for symlinks since it was resolved (by a sandbox that could write there)
         # must not grant the link's target. Such a rule is skipped: access fails closed.
         try:
@@ -361,7 +361,7 @@ class LandlockRuleset:
         so this refuses to run in a multi-threaded process unless ``only_this_thread`` is set.
         """
         if self.abi < 1:
-            raise LandlockUnavailableError("Landlock is not available on this kernel")
+            raise LandlockUnavailableError("Landlock is not available on this Linux kernel")
         if not only_this_thread and thread_count() > 1:
             raise RuntimeError(
                 "restrict_self() confines only the calling thread and this process has "

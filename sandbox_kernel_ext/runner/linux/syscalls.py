@@ -48,7 +48,7 @@ def set_no_new_privs() -> None:
 
 
 def thread_count() -> int:
-    """Threads of this process as the kernel sees them (C threads included).
+    """Threads of this process as the Linux kernel sees them (C threads included).
 
     Fails closed: when /proc cannot tell (not mounted, hidepid, an earlier Landlock layer),
     it raises instead of guessing one, because a wrong "1" leaves other threads unconfined."""

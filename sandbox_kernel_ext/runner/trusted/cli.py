@@ -23,7 +23,7 @@ from .manager import SandboxManager
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandbox-run",
-        description="Run a command confined by the kernel (Landlock, seccomp, namespaces, rlimits).",
+        description="Run a command confined by the Linux kernel (Landlock, seccomp, namespaces, rlimits).",
     )
     parser.add_argument("--policy", help="policy YAML file (default: the safe defaults)")
     parser.add_argument("--timeout", type=float, default=30.0, help="wall-clock seconds (default 30)")

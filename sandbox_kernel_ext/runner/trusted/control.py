@@ -1,4 +1,4 @@
-"""The control channel between a sandboxed Python child and the kernel: JSON lines on a unix
+"""The control channel between a sandboxed Python child and the trusted side: JSON lines on a unix
 stream socket (the child's fd 3), with descriptors passed back for approved opens.
 
 The child speaks first and the parent only answers, so nothing the child writes can grant

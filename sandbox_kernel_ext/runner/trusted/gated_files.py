@@ -1,6 +1,6 @@
 """Approval-gated files for a sandboxed child, opened on its behalf by the trusted side.
 
-The kernel's rules leave every `read_approval` root and every write behind `write_approval`
+Landlock's rules leave every `read_approval` root and every write behind `write_approval`
 out of the child's reach, and that stays the ceiling: a child that wants such a file asks over
 its control channel, and the parent runs the same checks, approvals, quotas and atomic writes
 as the filesystem toolset (it *is* a toolset under the same policy and broker, so a grant made
@@ -25,7 +25,7 @@ from ...policy.paths import virtual_path
 
 __all__ = ["GatedFiles", "GatedRoot", "gated_roots", "OpenAnswer"]
 
-MAX_STAGED_WRITES = 16  # open at once per run: each holds a descriptor in the kernel
+MAX_STAGED_WRITES = 16  # open at once per run: each holds a descriptor on the trusted side
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -40,7 +40,7 @@ class GatedRoot:
     write_approval: bool
 
     def needs_parent(self, write: bool) -> bool:
-        """Whether the kernel's rules keep this access from the child (so the parent opens)."""
+        """Whether Landlock's rules keep this access from the child (so the parent opens)."""
         if self.read_approval:
             return True  # the whole root is out of the child's reach
         return write and self.writable and self.write_approval

@@ -119,7 +119,7 @@ def _minimal_cover(paths: Iterable[str]) -> list[str]:
     return kept
 
 
-# Device and kernel entries a Python child needs. /dev/null, zero, urandom and random serve
+# Device and Linux kernel entries a Python child needs. /dev/null, zero, urandom and random serve
 # os.devnull and os.urandom/secrets/hash seeds; /proc serves psutil, os.cpu_count fallbacks and
 # /proc/self/fd; /sys/devices/system/cpu serves os.cpu_count and multiprocessing. /dev/tty is left
 # out on purpose: a child with the user's terminal could read their keystrokes.
@@ -146,7 +146,7 @@ def python_read_set(extra: Iterable[str] = ()) -> list[str]:
       there, so ``exec`` of the interpreter can load.
     - ``/usr/lib/<triplet>`` and ``/lib*``: the loader's default search path, for extension
       modules loaded later (``_ssl`` pulls in libssl).
-    - ``PYTHON_DEVICE_READ_SET``: the device and kernel files listed there.
+    - ``PYTHON_DEVICE_READ_SET``: the device and Linux kernel files listed there.
     - ``/etc`` minus secrets (``etc_read_set``): ld.so.cache, localtime, passwd, resolv.conf,
       ssl certificates, but never shadow-like files, sudoers, ssh host keys or private TLS keys.
 
@@ -190,7 +190,7 @@ HOME_CREDENTIAL_PATHS = (
     ".ipython/profile_default/security", ".local/share/jupyter/runtime", ".jupyter",
     ".bash_history", ".python_history", ".zsh_history",
 )
-# Outside the homes: orchestrators' mounted secrets and sockets, and the kernel's own keys.
+# Outside the homes: orchestrators' mounted secrets and sockets, and the Jupyter kernel's own keys.
 SYSTEM_CREDENTIAL_PATHS = (
     "/run/secrets", "/var/run/secrets", "/run/docker.sock", "/var/run/docker.sock",
     "/var/lib/docker", "/var/lib/kubelet", "/run/user", "/var/lib/sss", "/var/lib/jupyter",

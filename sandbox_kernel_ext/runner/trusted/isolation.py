@@ -58,8 +58,8 @@ def isolation_report() -> dict[str, Any]:
         "landlock_unenforced": [] if abi == 0 else unenforced,
         "running_as_root": os.name == "posix" and os.geteuid() == 0,
         "child_identity": (
-            "unprivileged uid 65534 (the kernel runs as root)"
-            if os.name == "posix" and os.geteuid() == 0 else "the kernel's own uid in a user namespace"
+            "unprivileged uid 65534 (the Jupyter kernel runs as root)"
+            if os.name == "posix" and os.geteuid() == 0 else "the Jupyter kernel's own uid in a user namespace"
         ),
         "layers": layers,
         "missing": missing_layers(),
@@ -90,11 +90,11 @@ def missing_layers() -> list[str]:
 
 
 def check_tier(tier: SandboxTier) -> None:
-    """Refuse, with the reason, every tier but `seccomp` (the kernel confinement this runner gives)."""
+    """Refuse, with the reason, every tier but `seccomp` (the Linux kernel confinement this runner gives)."""
     if tier is SandboxTier.firecracker:
         raise SandboxError(
             "sandbox_tier 'firecracker' is not available: this release has no Firecracker "
-            "backend; use 'seccomp' (kernel confinement) or 'gvisor'"
+            "backend; use 'seccomp' (Linux kernel confinement) or 'gvisor'"
         )
     if tier is SandboxTier.gvisor:
         runsc = shutil.which("runsc")

@@ -2,7 +2,7 @@
 follows each child from its pidfd to its exit (`SpawnedChild`).
 
 The launcher itself (`launcher/server.py`) runs in a process of its own; this module only
-names it in the command line it execs, so nothing of the launcher loads in the kernel.
+names it in the command line it execs, so nothing of the launcher loads in the Jupyter kernel.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..wire import ChildPlan, receive_message, send_message
 
 __all__ = ["LauncherClient", "SpawnedChild", "LAUNCHER_ENV_NAMES"]
 
-# The launcher's whole environment: nothing of the kernel's (API keys) may reach a fork.
+# The launcher's whole environment: nothing of the Jupyter kernel's (API keys) may reach a fork.
 LAUNCHER_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
 
 # The launcher loads only the modules it runs: the packages above it become bare namespaces,
@@ -56,7 +56,7 @@ class SpawnedChild:
         self.kill_requested = False
 
     def kill(self) -> None:
-        """SIGKILL PID 1 of the child's namespace: the kernel then kills all of it. Asked
+        """SIGKILL PID 1 of the child's namespace: Linux then kills all of it. Asked
         before the launcher's answer arrives, the kill happens as soon as it does."""
         self.kill_requested = True
         if self.pidfd >= 0 and not self.exited.is_set() and not self.pid_namespace:

@@ -1,4 +1,4 @@
-"""Seed 003's `SandboxManager`, with the confinement enforced by the kernel.
+"""aumai-sandbox's `SandboxManager`, with the confinement enforced by the Linux kernel.
 
 Each sandbox is a policy, a private temporary folder and a state; each `execute` or
 `run_python` forks a confined child through the launcher (`launcher.py`), streams its output,
@@ -182,7 +182,7 @@ class SandboxManager:
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
     `strict: true` does the same for its sandboxes).
     `broker`: decides approval-gated opens from sandboxed cells (an `ApprovalBroker`; the
-    default asks nobody and denies). Share it with in-kernel toolsets so grants cover both.
+    default asks nobody and denies). Share it with toolsets in the Jupyter kernel so grants cover both.
     `egress_resolver`: for tests only, `(host, port) -> [addresses]` used by the egress proxy
     instead of DNS; nothing in a policy file can set it.
     """
@@ -255,7 +255,7 @@ class SandboxManager:
             if info.st_uid != self.child_uid and not info.st_mode & 0o002:
                 raise SandboxError(
                     f"writable path {path} is not writable by uid {self.child_uid}, the "
-                    "unprivileged user sandboxed children run as when the kernel runs as root; "
+                    "unprivileged user sandboxed children run as when this process runs as root; "
                     f"chown it to {self.child_uid} or make it world-writable"
                 )
 

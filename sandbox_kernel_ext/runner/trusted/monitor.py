@@ -1,4 +1,4 @@
-"""Seed 003's `ResourceMonitor`: watch a process tree and the agent's spend.
+"""aumai-sandbox's `ResourceMonitor`: watch a process tree and the agent's spend.
 
 A daemon thread samples the whole tree rooted at the sandboxed process with psutil,
 because a cell that forks (pip, a shell, multiprocessing) must not escape the budget
@@ -153,7 +153,7 @@ class ResourceMonitor:
     # -- queries ------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Usage so far; the first five keys are seed 003's, the rest are current values."""
+        """Usage so far; the first five keys are aumai-sandbox's, the rest are current values."""
         with self._lock:
             return self._snapshot_locked()
 

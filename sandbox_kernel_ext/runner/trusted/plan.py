@@ -28,7 +28,7 @@ NOBODY_UID = 65534
 # serves every sandbox at once).
 PROXY_PORT = 3128
 PROXY_ENV_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-# Always set by the runner; never taken from the kernel's environment.
+# Always set by the runner; never taken from the Jupyter kernel's environment.
 BASE_ENV_NAMES = ("PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
 # Programs a shell command needs: system binaries and libraries (no user data lives there).
 SYSTEM_READ_SET = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/opt")
@@ -47,14 +47,14 @@ def runtime_read_set() -> tuple[str, ...]:
 
 
 def homes_folder() -> str:
-    """Where sandboxes' private homes live: one folder per kernel uid, denied to every
+    """Where sandboxes' private homes live: one folder per trusted-side uid, denied to every
     sandbox's "read everywhere" (a sandbox reaches only its own home, by its own rule)."""
     return os.path.join(tempfile.gettempdir(), f"sandbox_kernel_ext-{os.geteuid()}")
 
 
 def denied_reads() -> list[str]:
     """The credential deny list, every sandbox's home, and this machine's Jupyter runtime
-    folder (its connection files hold the keys that let anyone run code in the kernel)."""
+    folder (its connection files hold the keys that let anyone run code in the Jupyter kernel)."""
     denied = [*host_reads.credential_paths(), os.path.realpath(homes_folder())]
     try:
         from jupyter_core.paths import jupyter_runtime_dir
@@ -91,10 +91,10 @@ def filesystem_grants(
 ) -> tuple[list[str], list[str]]:
     """(readable, writable) host paths the policy grants, before the runtime's own set.
 
-    Seed 003's `filesystem_config` and the seed-000 path table both count: a table root with
+    aumai-sandbox's `filesystem_config` and the filesystem-sandbox path table both count: a table root with
     mode `rw` and no `write_approval` is writable, `ro` (or `rw` behind an approval) readable,
     and a `read_approval` root is not reachable from a sandboxed process at all: its cell asks
-    the kernel, which opens the file after a yes. "Read everywhere" leaves gated roots out, and
+    the trusted side, which opens the file after a yes. "Read everywhere" leaves gated roots out, and
     a plain grant around or inside one is refused. `denied` is the credential list (computed when None).
     """
     base = str(capability.base_path)
@@ -107,7 +107,7 @@ def filesystem_grants(
         if config.mode is FilesystemMode.read_write:
             if not config.writable_paths:
                 raise SandboxError(
-                    "filesystem_config.mode is read_write but writable_paths is empty: seed 003 "
+                    "filesystem_config.mode is read_write but writable_paths is empty: aumai-sandbox "
                     "reads that as 'write everywhere', which the runner refuses; list the folders"
                 )
             writable += _real_paths(config.writable_paths, base, "writable path")
@@ -136,8 +136,8 @@ def filesystem_grants(
 
 def approval_roots(capability: CapabilityDeclaration) -> tuple[list[str], list[str]]:
     """(roots whose reads, roots whose writes a person decides) as real host paths. The
-    kernel's rules must leave these out, or the approval would be only a Python hook: a cell
-    asks the kernel, which opens the file for it after a yes."""
+    Landlock rules must leave these out, or the approval would be only a Python hook: a cell
+    asks the trusted side, which opens the file for it after a yes."""
     table = capability.sandbox_config()
     ask_to_read: list[str] = []
     ask_to_write: list[str] = []
@@ -193,7 +193,7 @@ def child_environment(
 
 
 def rlimits_for(capability: CapabilityDeclaration) -> dict[str, list[int]]:
-    """Kernel-enforced backstops; the monitor enforces the exact budgets on the whole tree."""
+    """Backstops Linux enforces per process; the monitor enforces the exact budgets on the whole tree."""
     limits = capability.resource_limits
     mib = 1024 * 1024
     cpu = math.ceil(limits.max_cpu_seconds) + 1

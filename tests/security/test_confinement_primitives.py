@@ -1,4 +1,5 @@
-"""Ways out of the runner primitives found in review, each kept as the attack that found it."""
+"""Attacks on the confinement primitives: what the read set takes in, keystrokes pushed into
+a terminal, the thread check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Ways around the toolset found in review, each kept as the attack that found it."""
+"""Ways around the file toolset, and its edge cases: grants across roots, overlapping roots,
+locks held while a person decides, bad input."""
 
 from __future__ import annotations
 

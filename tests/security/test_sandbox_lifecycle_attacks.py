@@ -1,4 +1,5 @@
-"""Ways out of (or around) the runner found in review, each kept as the attack that found it."""
+"""Attacks on a sandbox's lifecycle: swapped grants, failed starts, forged frames, a close
+while running, secrets left in the launcher."""
 
 from __future__ import annotations
 
