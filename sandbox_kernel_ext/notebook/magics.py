@@ -8,7 +8,6 @@ cell shows.
 
 from __future__ import annotations
 
-import atexit
 import html
 import json
 import math
@@ -18,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +108,55 @@ class _Current:
     source: str
 
 
+class _Resources:
+    """What a `SandboxMagics` starts and must stop: the manager (made on first use), the
+    current sandbox, the workspace folder, and the approval responder's hooks on the kernel.
+
+    Kept apart from the magics so that the finalizer which closes them (when the magics are
+    collected, or at interpreter exit) holds no reference to the magics themselves.
+    """
+
+    def __init__(self, broker: ApprovalBroker, headless_decision: str) -> None:
+        self.broker = broker
+        self.headless_decision = headless_decision  # the responder a closed session leaves
+        self.manager: Any = None
+        self.current: _Current | None = None
+        self.workspace: str | None = None
+        self.egress_history: list[dict[str, Any]] = []  # of sandboxes already destroyed
+
+    def egress_of(self, sandbox_id: str) -> list[dict[str, Any]]:
+        if self.manager is None:
+            return []
+        try:
+            return self.manager.egress_log(sandbox_id)
+        except SandboxError:  # destroyed already
+            return []
+
+    def drop_sandbox(self) -> None:
+        if self.current is None:
+            return
+        sandbox_id, self.current = self.current.sandbox_id, None
+        self.egress_history += self.egress_of(sandbox_id)
+        self.manager.destroy(sandbox_id)
+
+    def close(self) -> None:
+        """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
+        approval responder take its hooks off the kernel."""
+        try:
+            if self.manager is not None:
+                try:
+                    self.drop_sandbox()
+                finally:
+                    manager, self.manager = self.manager, None
+                    manager.close()
+        finally:
+            _close(self.broker.responder)
+            self.broker.responder = HeadlessResponder(self.headless_decision)
+        if self.workspace is not None:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+            self.workspace = None
+
+
 def _positive_seconds(name: str, value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise TraitError(
@@ -172,13 +221,13 @@ class SandboxMagics(Magics):
                 shell.configurables.remove(self)  # a bad setting must not leave a half-made one
             raise
         self.broker = ApprovalBroker(self._responder(), timeout=self.approval_timeout)
+        self._resources = _Resources(self.broker, self.headless_decision)
+        # Closes them when these magics are collected, and at interpreter exit (a kernel that
+        # exits without %unload_ext leaves nothing); `close` runs it sooner. It holds the
+        # resources, not `self`, so it does not keep these magics alive.
+        self._finalizer = weakref.finalize(self, self._resources.close)
         self._configured = True
-        atexit.register(self.close)  # a kernel that exits without %unload_ext leaves nothing
         self.last_result: SandboxResult | None = None
-        self._manager: Any = None
-        self._current: _Current | None = None
-        self._workspace: str | None = None
-        self._egress_history: list[dict[str, Any]] = []
         self._sandboxes_seen: list[str] = []
 
     # -- settings ---------------------------------------------------------------------------------
@@ -203,6 +252,7 @@ class SandboxMagics(Magics):
         if self._configured:
             old, self.broker.responder = self.broker.responder, self._responder()
             _close(old)
+            self._resources.headless_decision = self.headless_decision
 
     @observe("approval_timeout")
     def _approval_timeout_changed(self, change: Any) -> None:
@@ -219,24 +269,25 @@ class SandboxMagics(Magics):
     @property
     def manager(self) -> Any:
         """The session's SandboxManager, made on first use (its launcher starts on first run)."""
-        if self._manager is None:
+        resources = self._resources
+        if resources.manager is None:
             from ..runner.trusted.manager import SandboxManager
 
-            self._manager = SandboxManager(monitor_interval=self.gauge_interval,
-                                           broker=self.broker)
-        self._manager.monitor_interval = self.gauge_interval  # read at each run
-        return self._manager
+            resources.manager = SandboxManager(monitor_interval=self.gauge_interval,
+                                               broker=self.broker)
+        resources.manager.monitor_interval = self.gauge_interval  # read at each run
+        return resources.manager
 
     @property
     def workspace(self) -> str:
         """The default policy's writable folder: made once per session, removed on unload."""
-        if self._workspace is None:
+        if self._resources.workspace is None:
             folder = tempfile.mkdtemp(prefix="sandbox-workspace-")
             uid = self.manager.child_uid
             if uid is not None:  # as root, children run as this unprivileged uid
                 os.chown(folder, uid, uid)
-            self._workspace = folder
-        return self._workspace
+            self._resources.workspace = folder
+        return self._resources.workspace
 
     def session_policy(self, path: str | None = None) -> tuple[CapabilityDeclaration, str]:
         """(policy, where it came from): `path`, else the configured file, else the default."""
@@ -251,50 +302,21 @@ class SandboxMagics(Magics):
         key = json.dumps([policy.model_dump(mode="json"), str(policy.base_path),
                           [rule.rate_windows for rule in policy.network_egress_rules]],
                          sort_keys=True)
-        if self._current is not None and self._current.key == key:
-            return self._current.sandbox_id
-        self._drop_sandbox()
+        resources = self._resources
+        if resources.current is not None and resources.current.key == key:
+            return resources.current.sandbox_id
+        resources.drop_sandbox()
         sandbox_id = self.manager.create_sandbox(policy)
-        self._current = _Current(sandbox_id, key, policy, source)
+        resources.current = _Current(sandbox_id, key, policy, source)
         self._sandboxes_seen.append(sandbox_id)
         return sandbox_id
 
-    def _drop_sandbox(self) -> None:
-        if self._current is None:
-            return
-        sandbox_id, self._current = self._current.sandbox_id, None
-        self._egress_history += self._egress_of(sandbox_id)
-        self.manager.destroy(sandbox_id)
-
-    def _egress_of(self, sandbox_id: str) -> list[dict[str, Any]]:
-        if self._manager is None:
-            return []
-        try:
-            return self._manager.egress_log(sandbox_id)
-        except SandboxError:  # destroyed already
-            return []
-
-    def _close_manager(self) -> None:
-        if self._manager is None:
-            return
-        try:
-            self._drop_sandbox()
-        finally:
-            manager, self._manager = self._manager, None
-            manager.close()
-
     def close(self) -> None:
         """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
-        approval responder take its hooks off the kernel."""
-        atexit.unregister(self.close)
-        try:
-            self._close_manager()
-        finally:
-            _close(self.broker.responder)
-            self.broker.responder = HeadlessResponder(self.headless_decision)
-        if self._workspace is not None:
-            shutil.rmtree(self._workspace, ignore_errors=True)
-            self._workspace = None
+        approval responder take its hooks off the kernel. The finalizer does this (once: a
+        second call, or the collection of these magics later, does nothing)."""
+        self._resources.headless_decision = self.headless_decision
+        self._finalizer()
 
     def toolset(self, policy: CapabilityDeclaration | None = None, **kwargs: Any) -> Any:
         """A FileSystemToolset for code in the kernel that shares this session's approvals."""
@@ -304,9 +326,15 @@ class SandboxMagics(Magics):
                                              broker=self.broker, **kwargs)
 
     # -- %%sandbox --------------------------------------------------------------------------------
+    # Groups, as `%%sandbox?` shows them: each `argument_group` takes the arguments below it.
     @magic_arguments.magic_arguments(name="%sandbox")  # the usage line reads "%%sandbox"
+    @magic_arguments.argument_group("Cell")
     @magic_arguments.argument("--policy", metavar="FILE",
-                              help="Policy file for this cell instead of SandboxMagics.policy.")
+                              help="Policy file for this cell instead of SandboxMagics.policy "
+                              "(only if SandboxMagics.allow_policy_override is True).")
+    @magic_arguments.argument("--shell", action="store_true",
+                              help="Run the cell as a /bin/sh script instead of Python.")
+    @magic_arguments.argument_group("Narrowing (options only narrow the session's policy)")
     @magic_arguments.argument("--timeout", type=float, metavar="S",
                               help="Wall-clock limit in seconds (only lower than "
                               "SandboxMagics.timeout).")
@@ -323,12 +351,12 @@ class SandboxMagics(Magics):
     @magic_arguments.argument("--allow-net", action="append", default=[], metavar="DOMAIN[:PORT]",
                               help="Reach only these destinations (repeatable); each must be "
                               "allowed by the policy's egress rules.")
+    @magic_arguments.argument_group("Variables (Python cells only)")
     @magic_arguments.argument("-i", "--input", action="append", nargs="+", metavar="VARS",
                               help="Kernel variables to pass in (comma or space separated).")
     @magic_arguments.argument("-o", "--output", action="append", nargs="+", metavar="VARS",
                               help="Cell variables to bring back (JSON-safe data, bytes too).")
-    @magic_arguments.argument("--shell", action="store_true",
-                              help="Run the cell as a /bin/sh script instead of Python.")
+    @magic_arguments.argument_group("Output")
     @magic_arguments.argument("--out", metavar="VAR",
                               help="Store stdout in this variable instead of printing it.")
     @magic_arguments.argument("--err", metavar="VAR",
@@ -479,19 +507,20 @@ class SandboxMagics(Magics):
         except CapabilityParseError as exc:
             raise UsageError(str(exc)) from None
         print(f"# Session policy: {source}")
-        if self._current is not None and self._current.policy != policy:
+        current = self._resources.current
+        if current is not None and current.policy != policy:
             print("# (the last cell ran narrower: see its options)")
         print(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False).rstrip())
 
     def _show_list(self) -> Table:
         rows = []
-        if self._manager is not None:
-            current = self._current.sandbox_id if self._current else None
-            for entry in self._manager.list_sandboxes():
+        manager, current = self._resources.manager, self._resources.current
+        if manager is not None:
+            for entry in manager.list_sandboxes():
                 sid = entry["sandbox_id"]
                 rows.append([sid[:8], getattr(entry["status"], "value", str(entry["status"])),
                              str(entry["runs"]), str(entry["pid"] or ""),
-                             self._current.source if sid == current and self._current else ""])
+                             current.source if current and sid == current.sandbox_id else ""])
         return Table("Sandboxes of this session", ["sandbox", "state", "runs", "pid", "policy"],
                      rows)
 
@@ -508,8 +537,8 @@ class SandboxMagics(Magics):
             rows.append((decision.decided_at, [_clock(decision.decided_at), "approval",
                                                asker(request.source), what,
                                                _DECIDED[decision.decision], why]))
-        live = [e for sid in self._sandboxes_seen for e in self._egress_of(sid)]
-        for entry in [*self._egress_history, *live]:
+        live = [e for sid in self._sandboxes_seen for e in self._resources.egress_of(sid)]
+        for entry in [*self._resources.egress_history, *live]:
             port = f":{entry.get('port')}" if entry.get("port") else ""
             what = f"{entry.get('method', '')} {entry.get('host', '')}{port}".strip()
             stamp = float(entry.get("time") or 0)

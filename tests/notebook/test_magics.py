@@ -8,6 +8,10 @@ and are open to uid 65534, the user sandboxed children run as when the kernel is
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +122,98 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# A SandboxMagics made by hand in the kernel, as the extension makes one, and used once.
+_SPARE = """
+import gc as _gc, weakref as _weakref
+from sandbox_kernel_ext.notebook.magics import SandboxMagics as _Magics, unregister as _unregister
+_spare = _Magics(get_ipython())
+_spare.sandbox_cell('--quiet', "print('warm')")
+_launcher, _workspace = _spare.manager.launcher_pid, _spare.workspace
+_spare_ref = _weakref.ref(_spare)
+"""
+
+
+def test_an_unloaded_magics_is_collected(k: KernelSession) -> None:
+    """Nothing the clean-up leaves behind (the finalizer, the broker it keeps) holds on to
+    the magics once %unload_ext has closed them."""
+    k.run("%%sandbox --quiet\nprint('warm')")
+    launcher = value(k, f"{MAGICS}.manager.launcher_pid")
+    k.run(f"import gc as _gc, weakref as _weakref\n_loaded_ref = _weakref.ref({MAGICS})\n"
+          # IPython keeps the last error's traceback, whose frames may hold the magics (an
+          # earlier test's SandboxCellError): that is IPython's to let go, not ours.
+          "import sys as _sys\n_sys.last_type = _sys.last_value = _sys.last_traceback = None")
+    try:
+        k.run(f"%unload_ext {EXTENSION}\n_gc.collect()")
+        assert value(k, "_loaded_ref() is None") is True
+        assert not _alive(launcher)
+    finally:
+        k.run(f"%load_ext {EXTENSION}\ndel _loaded_ref")
+
+
+def test_a_dropped_magics_is_collected_and_cleans_up(k: KernelSession) -> None:
+    """Never closed, only dropped: collecting it stops the launcher and removes the
+    workspace, as `close` would. Found in review: `atexit.register(self.close)` kept such an
+    instance, its launcher and its workspace until the process exited."""
+    k.run(f"%unload_ext {EXTENSION}")
+    try:
+        k.run(_SPARE)
+        launcher, workspace = value(k, "[_launcher, _workspace]")
+        assert isinstance(launcher, int) and _alive(launcher) and Path(workspace).is_dir()
+        k.run("_unregister(get_ipython(), _spare)  # off shell.configurables\n"
+              "del _spare\n_gc.collect()")
+        assert value(k, "_spare_ref() is None") is True
+        assert not _alive(launcher)
+        assert not Path(workspace).exists()
+    finally:
+        k.run(f"%load_ext {EXTENSION}")
+
+
+def test_close_cleans_up_once(k: KernelSession) -> None:
+    """`close` runs the finalizer: neither a second close, nor the finalizer, nor the
+    collection of the magics cleans up again, and interpreter exit has nothing left to do."""
+    k.run(f"%unload_ext {EXTENSION}")
+    try:
+        k.run(_SPARE + textwrap.dedent("""
+            _closes = []
+            _manager = _spare.manager
+            _real_close = _manager.close
+            _manager.close = lambda: (_closes.append(1), _real_close())[-1]
+            _at_exit = _spare._finalizer.atexit and _spare._finalizer.alive
+            _spare.close()
+            _after_close = [len(_closes), _spare._finalizer.alive]
+            _spare.close()
+            _spare._finalizer()
+            _unregister(get_ipython(), _spare)
+            del _spare, _manager
+            _gc.collect()
+            """))
+        launcher, workspace = value(k, "[_launcher, _workspace]")
+        assert value(k, "_at_exit") is True  # before close, it was due at interpreter exit
+        assert value(k, "_after_close") == [1, False]
+        assert value(k, "[len(_closes), _spare_ref() is None]") == [1, True]
+        assert not _alive(launcher) and not Path(workspace).exists()
+    finally:
+        k.run(f"%load_ext {EXTENSION}")
+
+
+def test_interpreter_exit_cleans_up(tmp_path: Path) -> None:
+    """A session that ends without %unload_ext (or a collection) still leaves nothing."""
+    script = textwrap.dedent("""
+        from IPython.core.interactiveshell import InteractiveShell
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "sandbox_kernel_ext.notebook")
+        magics = shell.magics_manager.registry["SandboxMagics"]
+        magics.sandbox_cell("--quiet", "print('warm')")
+        print(magics.manager.launcher_pid, magics.workspace, flush=True)
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=LIVENESS, cwd=tmp_path,
+                          env=dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython")))
+    assert done.returncode == 0, done.stderr
+    launcher, workspace = done.stdout.split()[-2:]
+    assert not _alive(int(launcher)) and not Path(workspace).exists()
 
 
 # -- running a cell ---------------------------------------------------------------------------
@@ -356,18 +452,51 @@ def test_a_cell_cannot_choose_its_policy_unless_the_session_allows(
         k.run("%config SandboxMagics.allow_policy_override = True")
 
 
-def test_question_mark_documents_every_option(k: KernelSession) -> None:
-    """`%%sandbox?` pages the argparse help, as for IPython's own magics."""
+def help_page(k: KernelSession) -> str:
+    """What `%%sandbox?` pages (the payload of the cell's execute_reply)."""
     msg_id = cell(k, "%%sandbox?")
     reply = k.client.get_shell_msg(timeout=LIVENESS)
     while reply["parent_header"].get("msg_id") != msg_id:
         reply = k.client.get_shell_msg(timeout=LIVENESS)
-    page = reply["content"]["payload"][0]["data"]["text/plain"]
+    return str(reply["content"]["payload"][0]["data"]["text/plain"])
+
+
+def test_question_mark_documents_every_option(k: KernelSession) -> None:
+    """`%%sandbox?` pages the argparse help, as for IPython's own magics."""
+    page = help_page(k)
     assert "%%sandbox [--policy FILE]" in page
     for option in ("--policy", "--timeout", "--memory", "--cpu", "--allow-read", "--allow-write",
                    "--allow-net", "--input", "--output", "--shell", "--out", "--err",
                    "--no-raise-error", "--quiet"):
         assert option in page
+
+
+OPTION_GROUPS = {
+    "Cell": ["--policy", "--shell"],
+    "Narrowing (options only narrow the session's policy)": [
+        "--timeout", "--memory", "--cpu", "--allow-read", "--allow-write", "--allow-net"],
+    "Variables (Python cells only)": ["-i", "--input", "-o", "--output"],
+    "Output": ["--out", "--err", "--no-raise-error", "--quiet"],
+}
+
+
+def test_question_mark_groups_the_options(k: KernelSession) -> None:
+    """Each heading, in this order, with exactly its options under it (and none left over)."""
+    from sandbox_kernel_ext.notebook.magics import SandboxMagics
+
+    lines = help_page(k).splitlines()
+    starts = [lines.index(f"{heading}:") for heading in OPTION_GROUPS]
+    assert starts == sorted(starts)
+    for heading, start in zip(OPTION_GROUPS, starts):
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
+        # An option's own line is indented two spaces (its help's next lines, further).
+        invocations = [re.split(r"\s{2,}", line.strip())[0] for line in lines[start + 1:end]
+                       if re.match(r"  -", line)]
+        named = [o for text in invocations for o in re.findall(r"(?<![\w-])--?[a-z][\w-]*", text)]
+        assert named == OPTION_GROUPS[heading], heading
+    parser = SandboxMagics.sandbox_cell.parser
+    every = [o for action in parser._actions for o in action.option_strings]
+    assert sorted(every) == sorted(o for group in OPTION_GROUPS.values() for o in group)
 
 
 # -- %sandbox ---------------------------------------------------------------------------------
