@@ -1,7 +1,11 @@
 """SandboxManager, run_python, sandbox-run and the launcher, driven for real (no mocks).
 
 The confined child runs as uid 65534 when the tests run as root, so every folder handed to
-a sandbox is made under /tmp with modes that uid can use."""
+a sandbox is made under /tmp with modes that uid can use.
+
+Other sandboxes (another engineer's tests, a notebook) may run as uid 65534 on this host at the
+same time, so "nothing is left running" counts only the processes the test itself started; see
+`_our_sandbox_processes`."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -44,22 +50,57 @@ def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:
     return CapabilityDeclaration(filesystem_config=fs, resource_limits=ResourceLimits(**limits))
 
 
-def _no_sandbox_processes(wait: float = 10.0) -> bool:
-    """No process of the sandbox's uid is left (teardown of a namespace is asynchronous,
-    so this waits up to `wait` seconds for the count to reach zero)."""
-    deadline = threading.Event()
+# The sandbox's uid: children drop to 65534 when the tests run as root, else keep ours.
+SANDBOX_UID = 65534 if os.geteuid() == 0 else os.getuid()
+# Set in the environment of what a test starts (`env=` of a run, or of a subprocess), so that
+# its processes are known as ours even after they leave our process tree.
+MARKER_NAME = "SBX_RUNNER_SUITE"
+MARKER = f"runner-{uuid.uuid4().hex[:12]}"
+
+
+def _leftover_sandbox_processes(*homes: str | Path, wait: float = 10.0) -> list[str]:
+    """The sandbox processes this test started that are still there (see
+    `_our_sandbox_processes`); teardown of a namespace is asynchronous, so this waits up to
+    `wait` seconds for none to be left."""
+    pause = threading.Event()
     for _ in range(int(wait / 0.05)):
-        if _sandbox_processes_gone():
-            return True
-        deadline.wait(0.05)
-    return _sandbox_processes_gone()
+        if not _our_sandbox_processes(homes):
+            return []
+        pause.wait(0.05)
+    return _our_sandbox_processes(homes)
 
 
-def _sandbox_processes_gone() -> bool:
-    uid = 65534 if os.geteuid() == 0 else os.getuid()
-    mine = {p.pid for p in psutil.Process().children(recursive=True)}
-    return not [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid
-                and (os.geteuid() == 0 or p.pid in mine)]
+def _our_sandbox_processes(homes: Iterable[str | Path] = ()) -> list[str]:
+    """Processes of the sandbox's uid that this test started: when that uid is not ours,
+    descendants of this test process; and, wherever they went (a process the runner fails to
+    kill is reparented away from us, but keeps its environment), those whose environment
+    carries MARKER (as MARKER_NAME, or inside a value such as PATH, the only thing a launcher
+    keeps of its parent's environment) or whose HOME lies in one of `homes` (a sandbox's
+    private home, or a folder under which a test's own manager made its homes)."""
+    folders = [str(h).rstrip("/") for h in homes]
+    descendants = set()
+    if SANDBOX_UID != os.getuid():  # else our own descendants include the trusted launchers
+        descendants = {p.pid for p in psutil.Process().children(recursive=True)}
+    found = []
+    for proc in psutil.process_iter(["uids", "cmdline"]):
+        try:
+            uids = proc.info["uids"]
+            if uids is None or SANDBOX_UID not in (uids.real, uids.effective, uids.saved):
+                continue
+            ours = proc.pid in descendants
+            if not ours:
+                try:
+                    env = proc.environ()
+                except (psutil.AccessDenied, psutil.ZombieProcess):
+                    env = {}
+                home = env.get("HOME", "")
+                ours = (any(MARKER in value for value in env.values())
+                        or any(home == f or home.startswith(f + "/") for f in folders))
+            if ours:
+                found.append(f"{proc.pid} {proc.info['cmdline']}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def test_python_cell_variables_in_and_out(manager: SandboxManager) -> None:
@@ -153,8 +194,8 @@ def test_interrupt_kills_the_whole_tree(manager: SandboxManager) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         manager.execute(sid, ["sh", "-c", "setsid sleep 300 & sleep 300 & echo ready; wait"],
-                        on_output=interrupt)
-    assert _no_sandbox_processes()
+                        on_output=interrupt, env={MARKER_NAME: MARKER})
+    assert _leftover_sandbox_processes() == []
     assert manager.status(sid) is SandboxStatus.stopped
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0  # usable again
 
@@ -324,12 +365,15 @@ def test_terminal_tool_runs_confined_and_refuses_blacklisted_words(shared_dir: P
         assert out["stdout"] == "hi\n" and "Permission denied" in out["stderr"]
         assert out["exit_code"] != 0 and out["platform"] == sys.platform
         assert (shared_dir / "note.txt").read_text() == "hi\n"
+        # The sandbox's private home: every process the tool starts has HOME there.
+        home = asyncio.run(terminal.execute(command='echo "$HOME"'))["stdout"].strip()
+        assert home.startswith("/")
         for line in ("rm -rf /", "echo ok; env rm x", "echo $(rm x)", "sh -c 'rm x'"):
             with pytest.raises(ToolError, match="'rm' is blocked"):
                 asyncio.run(terminal.execute(command=line))
         with pytest.raises(ToolError, match="timed out"):
             asyncio.run(terminal.execute(command="sleep 30"))
-    assert _no_sandbox_processes()
+    assert _leftover_sandbox_processes(home) == []
 
 
 WITHOUT_USER_NAMESPACES = """
@@ -400,6 +444,8 @@ def test_without_user_namespaces_the_runner_warns_and_leaves_nothing(shared_dir:
     done = subprocess.run(
         [_venv_python(), str(shared_dir / "wrap.py"), _venv_python(), str(shared_dir / "run.py"), str(shared_dir)],
         capture_output=True, text=True, timeout=120, cwd=str(shared_dir),
+        # The launcher keeps only PATH and LANG of its parent's environment: MARKER rides in PATH.
+        env={**os.environ, MARKER_NAME: MARKER, "PATH": f"{os.environ['PATH']}{os.pathsep}/nonexistent-{MARKER}"},
     )
     assert done.returncode == 0, done.stderr
     assert "warned: True" in done.stdout and "namespaces (user namespaces are refused" in done.stdout
@@ -407,7 +453,8 @@ def test_without_user_namespaces_the_runner_warns_and_leaves_nothing(shared_dir:
     # Egress rules cannot be enforced without a network namespace: no network, said plainly.
     assert "net warned: True" in done.stdout and "net run: no socket 97 True" in done.stdout
     assert "strict: SandboxError True" in done.stdout
-    assert _no_sandbox_processes()
+    # run.py's sandboxes made their homes under shared_dir (its tempdir).
+    assert _leftover_sandbox_processes(shared_dir) == []
 
 
 class _OpensWhenLoaded:

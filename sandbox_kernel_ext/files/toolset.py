@@ -959,14 +959,17 @@ def _glob(pattern: str):
         elif c == "?":
             out.append("[^/]")
         elif c == "[":
-            end = pattern.find("]", i + 2)
+            negate = pattern[i + 1 : i + 2] in ("!", "^")
+            start = i + 2 if negate else i + 1
+            end = pattern.find("]", start + 1)  # a ']' first in the class is a member
             if end == -1:
                 out.append(re.escape(c))
             else:
-                body = pattern[i + 1 : end].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
+                # Members are literal: no regex escapes, nested sets or set operations.
+                body = re.sub(r"([\\\[&~|])", r"\\\1", pattern[start:end])
+                # A class never matches '/', whatever it names: a negation, a range such as
+                # [.-0], or '/' itself would otherwise let one segment's wildcard cross folders.
+                out.append(f"(?!/)[{'^' if negate else ''}{body}]")
                 i = end
         else:
             out.append(re.escape(c))
