@@ -222,3 +222,14 @@ class SandboxResult(_Model):
     # output variables of a Python run (JSON-safe data only).
     killed: str | None = None
     variables: dict[str, Any] = Field(default_factory=dict)
+    # Of a session's cell: its displays in order (each {"kind": "display" | "update" |
+    # "result" | "clear", "data", "metadata", "display_id"}, already made safe to show) and
+    # its error ({"ename", "evalue", "traceback": [lines]}), None when it ran through.
+    outputs: list[dict[str, Any]] = Field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The data of the cell's last expression's value (a MIME bundle), if it had one."""
+        found = [o for o in self.outputs if o.get("kind") == "result"]
+        return found[-1]["data"] if found else None

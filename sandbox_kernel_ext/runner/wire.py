@@ -47,7 +47,9 @@ _BYTES_TAG = "__sandbox_bytes__"
 class ChildPlan:
     """One confined child, decided on the trusted side (`trusted/plan.py`)."""
 
-    kind: str  # "exec": run argv; "python": run cell code in the forked interpreter
+    # "exec": run argv; "python": run one cell in the forked interpreter; "session": serve
+    # cells sent over the control channel, in one namespace, until the trusted side hangs up
+    kind: str
     argv: list[str]
     env: dict[str, str]
     cwd: str

@@ -203,6 +203,10 @@ def _confine_and_run(
             report(status_w, f"error exec: cannot run {plan.argv[0]}: {exc.strerror}")
             os._exit(127)
     os.close(status_w)
-    from .cell import run_cell  # already loaded by the launcher: this costs no import
+    if plan.kind == "session":
+        from .session import run_session  # loaded by the launcher: this costs no import
+
+        os._exit(run_session(plan))
+    from .cell import run_cell
 
     os._exit(run_cell(plan))

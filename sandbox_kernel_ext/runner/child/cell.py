@@ -22,7 +22,7 @@ from typing import Any
 from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
 from . import inside
 
-__all__ = ["run_cell", "CELL_FILENAME"]
+__all__ = ["run_cell", "open_streams", "CELL_FILENAME"]
 
 CELL_FILENAME = "<sandbox-cell>"
 
@@ -34,9 +34,14 @@ def _stream(fd: int, mode: str) -> io.TextIOWrapper:
                             write_through=True, line_buffering="w" in mode)
 
 
+def open_streams() -> None:
+    """sys.stdin/stdout/stderr on the child's descriptors 0-2: UTF-8, unbuffered writes."""
+    sys.stdin, sys.stdout, sys.stderr = _stream(0, "r"), _stream(1, "w"), _stream(2, "w")
+
+
 def run_cell(plan: ChildPlan) -> int:
     """Run the cell; return the exit code (0, 1 after an exception, or SystemExit's code)."""
-    sys.stdin, sys.stdout, sys.stderr = _stream(0, "r"), _stream(1, "w"), _stream(2, "w")
+    open_streams()
     os.environ.clear()
     os.environ.update(plan.env)
     payload = pickle.loads(read_to_end(PAYLOAD_FD))

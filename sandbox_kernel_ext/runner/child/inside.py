@@ -11,7 +11,9 @@ is allowed instead of a bare EACCES.
 from __future__ import annotations
 
 import builtins
+import collections
 import errno
+import getpass
 import io
 import json
 import os
@@ -23,7 +25,7 @@ from typing import Any
 
 from ...policy.paths import is_within, virtual_path
 
-__all__ = ["report_usage", "install", "send_frame"]
+__all__ = ["report_usage", "install", "send_frame", "next_command", "ask_input"]
 
 _channel: _Channel | None = None
 _open = io.open  # the real ones, kept before anything is wrapped
@@ -32,7 +34,10 @@ _os_close = os.close
 
 
 class _Channel:
-    """The child's end of the control socket: one request at a time, answers in order."""
+    """The child's end of the control socket: one request at a time, answers in order.
+
+    In a session the trusted side also sends commands (a cell to run); a frame that is not
+    the reply being waited for is kept for `next_command`, whoever read it."""
 
     def __init__(self, fd: int) -> None:
         self._sock = socket.socket(fileno=fd)
@@ -40,32 +45,93 @@ class _Channel:
         self._lock = threading.Lock()
         self._next_id = 0
         self._pending = b""
+        self._commands: collections.deque[dict[str, Any]] = collections.deque()
 
     def send(self, frame: dict[str, Any]) -> None:
         data = (json.dumps(frame) + "\n").encode()
         with self._lock:
             self._sock.sendall(data)
 
+    def _read_frame(self) -> tuple[dict[str, Any] | None, list[int]]:
+        """The next frame and its descriptors; (None, []) at end of file. Holds the lock."""
+        fds: list[int] = []
+        while b"\n" not in self._pending:
+            data, more, _flags, _addr = socket.recv_fds(self._sock, 65536, 4)
+            fds += more
+            if not data:
+                return None, fds
+            self._pending += data
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line), fds
+
     def ask(self, frame: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         with self._lock:
             self._next_id += 1
             frame["id"] = self._next_id
             self._sock.sendall((json.dumps(frame) + "\n").encode())
-            fds: list[int] = []
-            while b"\n" not in self._pending:
-                data, more, _flags, _addr = socket.recv_fds(self._sock, 65536, 4)
-                fds += more
-                if not data:
-                    raise PermissionError(errno.EACCES, "the trusted side closed the control channel")
-                self._pending += data
-            line, self._pending = self._pending.split(b"\n", 1)
-        return json.loads(line), fds
+            while True:
+                reply, fds = self._read_frame()
+                if reply is None:
+                    raise PermissionError(errno.EACCES,
+                                          "the trusted side closed the control channel")
+                if reply.get("type") == "reply":
+                    return reply, fds
+                self._commands.append(reply)
+
+    def next_command(self) -> dict[str, Any] | None:
+        """The trusted side's next command (blocks); None once it hung up."""
+        with self._lock:
+            while not self._commands:
+                frame, _ = self._read_frame()
+                if frame is None:
+                    return None
+                if frame.get("type") != "reply":  # a reply nobody waits for is dropped
+                    self._commands.append(frame)
+            return self._commands.popleft()
 
 
 def send_frame(frame: dict[str, Any]) -> None:
     if _channel is None:
         raise RuntimeError("not inside a sandboxed cell")
     _channel.send(frame)
+
+
+def next_command() -> dict[str, Any] | None:
+    """A session's next command from the trusted side; None once it hung up."""
+    if _channel is None:
+        raise RuntimeError("not inside a sandboxed cell")
+    return _channel.next_command()
+
+
+MAX_PROMPT_CHARS = 4096
+
+
+def ask_input(prompt: Any = "", password: bool = False) -> str:
+    """`input()` inside a sandbox: the trusted side asks a person (the notebook's stdin, a
+    terminal) or says why nobody can answer, which raises EOFError with that reason."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    if _channel is None:
+        raise EOFError("input() has no one to ask: not inside a sandboxed cell")
+    reply, fds = _channel.ask({"type": "input", "prompt": str(prompt)[:MAX_PROMPT_CHARS],
+                               "password": bool(password)})
+    for fd in fds:
+        _os_close(fd)
+    value = reply.get("value")
+    if not reply.get("ok") or not isinstance(value, str):
+        raise EOFError(str(reply.get("error") or "no input"))
+    return value
+
+
+def _input(prompt: Any = "") -> str:
+    return ask_input(prompt)
+
+
+def _getpass(prompt: str = "Password: ", stream: Any = None) -> str:
+    return ask_input(prompt, password=True)
 
 
 def report_usage(tokens: int = 0, cost: float = 0.0) -> None:
@@ -341,6 +407,8 @@ def install(control_fd: int, view: dict[str, Any]) -> None:
     package = sys.modules.get("sandbox_kernel_ext")
     if package is not None:
         package.report_usage = report_usage  # type: ignore[attr-defined]
+    builtins.input = _input
+    getpass.getpass = _getpass
     if _policy.roots or _policy.readable or _policy.writable:
         builtins.open = _sandbox_open
         io.open = _sandbox_open

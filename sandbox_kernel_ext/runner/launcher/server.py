@@ -225,7 +225,7 @@ def kill_quietly(pid: int) -> None:
 
 def main() -> None:
     """Entry point of the exec'd launcher: argv[1] is its end of the socket pair."""
-    from ..child import cell  # noqa: F401 - loaded here once, not by every confined child
+    from ..child import cell, session  # noqa: F401 - loaded here once, not by every child
 
     sock = socket.socket(fileno=int(sys.argv[1]))
     # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.

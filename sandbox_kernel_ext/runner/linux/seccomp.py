@@ -5,8 +5,14 @@ pidfd_getfd), kernel attack surface (io_uring, bpf, perf_event_open, userfaultfd
 modules, kexec), namespace and mount games (unshare, setns, clone with CLONE_NEW*, the mount
 API), file handles that skip path checks (open_by_handle_at), x32 syscalls that would dodge
 the numbers below, and socket families the caller does not need (a pathname unix socket such as
-docker.sock is reachable despite Landlock). ``clone3`` passes its flags in memory, where BPF
-cannot look, so it gets ENOSYS and libc falls back to ``clone``, which we can inspect.
+docker.sock is reachable despite Landlock).
+
+Laid out in four parts, only the last of which touches the kernel:
+(a) constants and the syscall number tables;
+(b) the rules as data: ``build_rules(options)`` returns a tuple of ``Rule`` (syscall, action,
+    argument conditions, and why the rule exists);
+(c) ``compile_filter(rules, arch)``, a pure compiler from that table to BPF instructions;
+(d) ``SeccompFilter.install()``, which loads the compiled program with prctl.
 
 !!! WARNING — ``SeccompFilter.install()`` filters the CALLING THREAD ONLY (and whatever it
 later forks or execs). Install it in a single-threaded child; it refuses otherwise. !!!
@@ -17,17 +23,23 @@ Importing this module is safe on any OS; ``seccomp_available()`` says whether it
 from __future__ import annotations
 
 import ctypes
+import itertools
 import errno
 import platform
-import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from .namespaces import CLONE_NAMESPACE_FLAGS
 from .syscalls import checked, libc, prctl, set_no_new_privs, thread_count
 
-__all__ = ["SeccompFilter", "SeccompUnavailableError", "seccomp_available", "supported_arch"]
+__all__ = [
+    "Action", "Rule", "SeccompFilter", "SeccompUnavailableError", "build_rules", "compile_filter",
+    "seccomp_available", "supported_arch",
+]
+
+# -- (a) constants and syscall numbers ------------------------------------------------------------
 
 # prctl and seccomp constants (include/uapi/linux/{prctl,seccomp,audit}.h).
 PR_GET_SECCOMP = 21
@@ -44,7 +56,6 @@ X32_SYSCALL_BIT = 0x40000000
 # Classic BPF opcodes (include/uapi/linux/filter.h).
 BPF_LD_W_ABS = 0x00 | 0x00 | 0x20
 BPF_ALU_AND_K = 0x04 | 0x50 | 0x00
-BPF_JMP_JA = 0x05 | 0x00
 BPF_JMP_JEQ_K = 0x05 | 0x10 | 0x00
 BPF_JMP_JGE_K = 0x05 | 0x30 | 0x00
 BPF_JMP_JSET_K = 0x05 | 0x40 | 0x00
@@ -59,12 +70,15 @@ def _arg_low(index: int) -> int:
     return 16 + 8 * index
 
 
-TIOCSTI = 0x5412
-TIOCLINUX = 0x541C
+# Argument values the rules test, as Linux defines them (whatever OS builds the program).
+AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+SOCK_STREAM = 1
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type holds SOCK_NONBLOCK / SOCK_CLOEXEC
 IPPROTO_TCP = 6
-# A TCP connect made by the first send: it skips the connect() hook where Landlock checks
-# the port (seen on Linux 6.18), so it is refused; programs then connect() as usual.
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
 MSG_FASTOPEN = 0x20000000
 
 
@@ -77,17 +91,6 @@ class _Arch:
 
 
 # Numbers checked against the kernel headers (asm/unistd_64.h, asm-generic/unistd.h).
-_DENIED_NAMES = (
-    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
-    "userfaultfd", "mount", "umount2", "unshare", "setns", "pivot_root", "chroot",
-    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at",
-    # Landlock does not check watches: they would report names and activity in folders the
-    # child may not list.
-    "inotify_add_watch", "fanotify_init", "fanotify_mark",
-)
 ARCHES: dict[str, _Arch] = {
     "x86_64": _Arch("x86_64", AUDIT_ARCH_X86_64, True, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
@@ -118,6 +121,361 @@ ARCHES: dict[str, _Arch] = {
 }
 _MACHINE_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
+# -- (b) the rules as data ------------------------------------------------------------------------
+
+_WORD = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the filter answers: run the call, fail it with ``errno``, or kill the process."""
+
+    kind: Literal["allow", "errno", "kill"]
+    errno: int = 0
+
+    @property
+    def ret(self) -> int:
+        """The SECCOMP_RET_* word the BPF program returns."""
+        if self.kind == "errno":
+            return SECCOMP_RET_ERRNO | (self.errno & 0xFFFF)
+        return SECCOMP_RET_ALLOW if self.kind == "allow" else SECCOMP_RET_KILL_PROCESS
+
+
+ALLOW = Action("allow")
+KILL = Action("kill")
+
+
+def fail_with(code: int) -> Action:
+    return Action("errno", code)
+
+
+# Every condition looks at the LOW 32 BITS of one argument: the kernel reads each argument the
+# rules test as a 32-bit int (socket's domain/type/protocol, ioctl's request, the send flags),
+# except clone's flags, an unsigned long whose CLONE_NEW* bits all sit in the low word.
+@dataclass(frozen=True)
+class ArgIn:
+    """Argument ``index`` (after ``& mask``) is one of ``values``; with ``negate``, none of them."""
+
+    index: int
+    values: tuple[int, ...]
+    mask: int = _WORD
+    negate: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < 6 or not self.values:
+            raise ValueError(f"bad argument condition {self!r}")
+        if not all(0 <= v <= _WORD for v in (*self.values, self.mask)):
+            raise ValueError(f"{self!r}: BPF compares 32-bit words only")
+
+
+@dataclass(frozen=True)
+class ArgHasBits:
+    """Argument ``index`` has at least one of ``bits`` set."""
+
+    index: int
+    bits: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < 6 or not 0 < self.bits <= _WORD:
+            raise ValueError(f"bad argument condition {self!r}")
+
+
+Condition = ArgIn | ArgHasBits
+
+
+def one_of(index: int, values: Iterable[int], *, mask: int = _WORD) -> ArgIn:
+    return ArgIn(index, tuple(values), mask)
+
+
+def none_of(index: int, values: Iterable[int], *, mask: int = _WORD) -> ArgIn:
+    return ArgIn(index, tuple(values), mask, negate=True)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``action`` for ``syscall`` when every condition in ``when`` holds (always, if empty).
+
+    A syscall's rules are tried in table order and the first that matches decides; a syscall
+    that no rule matches is allowed.
+    """
+
+    syscall: str
+    action: Action
+    when: tuple[Condition, ...] = ()
+    why: str = ""
+
+
+def deny(syscall: str, *when: Condition, code: int = errno.EPERM, why: str) -> Rule:
+    """Fail ``syscall`` with ``code`` (always, or when every condition holds)."""
+    return Rule(syscall, fail_with(code), when, why)
+
+
+def allow(syscall: str, *when: Condition, why: str) -> Rule:
+    """Let ``syscall`` run when every condition holds, before the rules after it are tried."""
+    return Rule(syscall, ALLOW, when, why)
+
+
+_DENIED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("debugs another process or reads, writes or steals from its memory and descriptors", (
+        "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise")),
+    ("kernel attack surface; io_uring also opens, sends and connects without the syscalls "
+     "these rules inspect", (
+        "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
+        "userfaultfd")),
+    ("namespace and mount games: they rearrange the filesystem the other layers describe", (
+        "mount", "umount2", "unshare", "setns", "pivot_root", "chroot", "open_tree",
+        "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr")),
+    ("loads code into the kernel", (
+        "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module")),
+    ("keyrings: kernel attack surface, and keys shared with the user's other processes", (
+        "keyctl", "add_key", "request_key")),
+    ("file handles open files by number, skipping the path checks Landlock makes", (
+        "open_by_handle_at", "name_to_handle_at")),
+    ("Landlock does not check watches: they would report names and activity in folders the "
+     "child may not list", ("inotify_add_watch", "fanotify_init", "fanotify_mark")),
+)
+
+
+def _socket_rules(
+    syscall: str, families: frozenset[int], inet_tcp_only: bool
+) -> tuple[Rule, ...]:
+    """What ``socket`` (and ``socketpair``, which takes the same domain, type, protocol) may make.
+
+    Families outside ``families`` get EAFNOSUPPORT, which programs treat as "not here". With
+    ``inet_tcp_only``, AF_INET/AF_INET6 must be plain TCP: Landlock's network rules cover TCP
+    only, so UDP, raw, SCTP and MPTCP sockets (EPERM) would escape them.
+    """
+    checked_inet = families & {AF_INET, AF_INET6} if inet_tcp_only else frozenset()
+    unchecked = families - checked_inet
+    unknown_family = "a family not allowed (a pathname unix socket slips past Landlock)"
+    if not families:
+        return (deny(syscall, code=errno.EAFNOSUPPORT, why=unknown_family),)
+    if not checked_inet:
+        return (deny(syscall, none_of(0, sorted(families)), code=errno.EAFNOSUPPORT,
+                     why=unknown_family),)
+    rules = []
+    if unchecked:
+        rules.append(allow(syscall, one_of(0, sorted(unchecked)),
+                           why="an allowed family that needs no further check"))
+    return (*rules,
+            deny(syscall, none_of(0, sorted(checked_inet)), code=errno.EAFNOSUPPORT,
+                 why=unknown_family),
+            deny(syscall, none_of(1, [SOCK_STREAM], mask=SOCK_TYPE_MASK),
+                 why="an inet socket other than a stream escapes Landlock's TCP rules"),
+            deny(syscall, none_of(2, [0, IPPROTO_TCP]),
+                 why="a stream protocol other than TCP (SCTP, MPTCP) escapes Landlock's TCP rules"))
+
+
+def build_rules(
+    allow_socket_families: Iterable[int] = (),
+    *,
+    inet_tcp_only: bool = True,
+    allow_unix_pairs: bool = False,
+) -> tuple[Rule, ...]:
+    """The filter's rules for these options (see ``SeccompFilter``), in dispatch order."""
+    families = frozenset(int(family) for family in allow_socket_families)
+    socket_rules = _socket_rules("socket", families, inet_tcp_only)
+    pair_rules = _socket_rules("socketpair", families, inet_tcp_only)
+    if allow_unix_pairs:
+        pair_rules = (allow(
+            "socketpair", one_of(0, [AF_UNIX]), one_of(1, [SOCK_STREAM], mask=SOCK_TYPE_MASK),
+            why="a connected unix stream pair reaches no socket outside the process tree "
+                "(multiprocessing needs it); a datagram pair could still sendto /dev/log"),
+            *pair_rules)
+    fastopen = ("a TCP connect made by the first send skips the connect() hook where Landlock "
+                "checks the port (seen on Linux 6.18); programs then connect() as usual")
+    return (
+        *(deny(name, why=why) for why, names in _DENIED for name in names),
+        deny("clone3", code=errno.ENOSYS,
+             why="clone3 passes its flags in memory, where BPF cannot look; on ENOSYS libc "
+                 "falls back to clone, whose flags the next rule inspects"),
+        deny("clone", ArgHasBits(0, CLONE_NAMESPACE_FLAGS),
+             why="a new namespace, like unshare (flags is argument 0 on x86_64 and aarch64)"),
+        *socket_rules,
+        *pair_rules,
+        deny("ioctl", one_of(1, [TIOCSTI, TIOCLINUX]),
+             why="pushing keystrokes into a terminal inherited from the parent runs commands in "
+                 "the user's shell; Landlock's ioctl right does not cover descriptors opened "
+                 "before it"),
+        deny("sendto", ArgHasBits(3, MSG_FASTOPEN), why=fastopen),
+        deny("sendmmsg", ArgHasBits(3, MSG_FASTOPEN), why=fastopen),
+        deny("sendmsg", ArgHasBits(2, MSG_FASTOPEN), why=fastopen),
+    )
+
+
+# -- (c) the compiler: rules -> classic BPF -------------------------------------------------------
+
+# Checked before any rule. Foreign ABIs number syscalls differently, so they are never let by;
+# x32 calls (x86_64 numbers with bit 30 set) would dodge every number in the table.
+ON_FOREIGN_ARCH = KILL
+ON_X32 = fail_with(errno.EPERM)
+
+# An instruction before label resolution: (code, k, jump-if-true, jump-if-false); jumps are label
+# names or None for "the next instruction".
+_Insn = tuple[int, int, "str | None", "str | None"]
+# A rule with its syscall left out: a syscall's rules as a tuple of these say what its code does.
+_Step = tuple[Action, tuple[Condition, ...]]
+
+
+class _Assembler:
+    """Just enough of an assembler to write the filter with named, forward-only jump targets."""
+
+    def __init__(self) -> None:
+        self.code: list[_Insn] = []
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str) -> None:
+        assert name not in self.labels, name
+        self.labels[name] = len(self.code)
+
+    def load(self, offset: int) -> None:
+        self.code.append((BPF_LD_W_ABS, offset, None, None))
+
+    def and_(self, mask: int) -> None:
+        self.code.append((BPF_ALU_AND_K, mask, None, None))
+
+    def jeq(self, value: int, if_true: str | None, if_false: str | None = None) -> None:
+        self.code.append((BPF_JMP_JEQ_K, value, if_true, if_false))
+
+    def jge(self, value: int, if_true: str | None, if_false: str | None = None) -> None:
+        self.code.append((BPF_JMP_JGE_K, value, if_true, if_false))
+
+    def jset(self, mask: int, if_true: str | None, if_false: str | None = None) -> None:
+        self.code.append((BPF_JMP_JSET_K, mask, if_true, if_false))
+
+    def ret(self, value: int) -> None:
+        self.code.append((BPF_RET_K, value, None, None))
+
+    def resolve(self) -> list[tuple[int, int, int, int]]:
+        program: list[tuple[int, int, int, int]] = []
+        for index, (code, k, if_true, if_false) in enumerate(self.code):
+            def offset(target: str | None) -> int:
+                if target is None:
+                    return 0
+                distance = self.labels[target] - (index + 1)
+                if not 0 <= distance <= 255:
+                    raise ValueError(f"BPF jump to {target!r} out of range ({distance})")
+                return distance
+
+            program.append((code, offset(if_true), offset(if_false), k))
+        return program
+
+
+def _chains(rules: Sequence[Rule], arch: _Arch) -> dict[str, tuple[_Step, ...]]:
+    """Each syscall's rules in table order, checked: a known name, no rule after an unconditional
+    one (it could never match)."""
+    chains: dict[str, tuple[_Step, ...]] = {}
+    for rule in rules:
+        if rule.syscall not in arch.syscalls:
+            raise ValueError(f"no {arch.name} syscall number for {rule.syscall!r}")
+        earlier = chains.get(rule.syscall, ())
+        if earlier and not earlier[-1][1]:
+            raise ValueError(f"unreachable rule after an unconditional one: {rule!r}")
+        chains[rule.syscall] = (*earlier, (rule.action, rule.when))
+    return chains
+
+
+def compile_filter(rules: Sequence[Rule], arch: str) -> list[tuple[int, int, int, int]]:
+    """The BPF program for ``rules`` on ``arch``, as (code, jt, jf, k) tuples.
+
+    Layout: the arch (and x32) checks, one ``jeq nr`` per syscall in table order (an
+    unconditional rule jumps straight to its return), ``ret ALLOW``, then each syscall's
+    conditional rules, then one ``ret`` per action used. Syscalls with the same rules share
+    their code, and so does a syscall whose rules are the tail of another's.
+    """
+    if arch not in ARCHES:
+        raise ValueError(f"no syscall table for {arch!r}")
+    table = ARCHES[arch]
+    chains = _chains(rules, table)
+    asm = _Assembler()
+    returns: set[Action] = set()
+    entries: dict[tuple[_Step, ...], str] = {}  # where the code for a tail of rules starts
+    fresh = itertools.count()
+
+    def ret_label(action: Action) -> str:
+        returns.add(action)
+        return f"ret {action.kind} {action.errno}"
+
+    def entry(steps: tuple[_Step, ...]) -> str:
+        """Where checking ``steps`` starts: a return, when the first step is unconditional."""
+        if not steps:
+            return ret_label(ALLOW)
+        if not steps[0][1]:
+            return ret_label(steps[0][0])
+        return entries.setdefault(steps, f"rules {len(entries)}")
+
+    asm.load(OFFSET_ARCH)
+    asm.jeq(table.audit_arch, None, ret_label(ON_FOREIGN_ARCH))
+    asm.load(OFFSET_NR)
+    if table.has_x32:
+        asm.jge(X32_SYSCALL_BIT, ret_label(ON_X32))
+    for name, steps in chains.items():
+        asm.jeq(table.syscalls[name], entry(steps))
+    asm.ret(ALLOW.ret)
+
+    def emit_condition(condition: Condition, success: str | None, failure: str) -> None:
+        """Test the loaded word; ``success`` None means "go on with the next instruction"."""
+        if isinstance(condition, ArgHasBits):
+            asm.jset(condition.bits, success, failure)
+            return
+        *rest, last = condition.values
+        if condition.negate:
+            for value in rest:
+                asm.jeq(value, failure)
+            asm.jeq(last, failure, success)
+            return
+        after = success if success is not None else f"after {next(fresh)}"
+        for value in rest:
+            asm.jeq(value, after)
+        asm.jeq(last, success, failure)
+        if success is None:
+            asm.label(after)
+
+    def emit_rule(step: _Step, failure: str) -> None:
+        action, conditions = step
+        loaded: tuple[int, int] | None = None
+        for position, condition in enumerate(conditions):
+            mask = condition.mask if isinstance(condition, ArgIn) else _WORD
+            if loaded != (condition.index, mask):
+                asm.load(_arg_low(condition.index))
+                if mask != _WORD:
+                    asm.and_(mask)
+                loaded = (condition.index, mask)
+            last = position == len(conditions) - 1
+            emit_condition(condition, ret_label(action) if last else None, failure)
+
+    placed: set[tuple[_Step, ...]] = set()
+    all_steps = list(chains.values())
+    for steps in all_steps:
+        if steps in placed or not steps[0][1]:
+            continue
+        if any(len(other) > len(steps) and other[-len(steps):] == steps for other in all_steps):
+            continue  # emitted as the tail of that longer list, where a jump can reach it
+        # One label per conditional rule; a tail already placed elsewhere is emitted again
+        # (BPF jumps only forward), under a label of its own.
+        labels: list[str] = []
+        for start in range(len(steps)):
+            tail = steps[start:]
+            if not tail[0][1]:
+                break
+            if tail in placed:
+                labels.append(f"copy {next(fresh)}")
+            else:
+                placed.add(tail)
+                labels.append(entry(tail))
+        for position, label in enumerate(labels):
+            asm.label(label)
+            following = labels[position + 1] if position + 1 < len(labels) else None
+            emit_rule(steps[position], following or entry(steps[position + 1:]))
+
+    order = {"allow": 0, "errno": 1, "kill": 2}
+    for action in sorted(returns, key=lambda a: (order[a.kind], a.errno)):
+        asm.label(ret_label(action))
+        asm.ret(action.ret)
+    return asm.resolve()
+
+
+# -- (d) the host, and install --------------------------------------------------------------------
 
 class SeccompUnavailableError(RuntimeError):
     """seccomp filtering cannot be used here (OS, kernel or architecture)."""
@@ -169,65 +527,6 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-# An instruction before label resolution: (code, k, jump-if-true, jump-if-false); jumps are label
-# names or None for "the next instruction".
-_Insn = tuple[int, int, "str | None", "str | None"]
-
-
-class _Assembler:
-    """Just enough of an assembler to write the filter with named jump targets."""
-
-    def __init__(self) -> None:
-        self.code: list[_Insn] = []
-        self.labels: dict[str, int] = {}
-
-    def label(self, name: str) -> None:
-        self.labels[name] = len(self.code)
-
-    def load(self, offset: int) -> None:
-        self.code.append((BPF_LD_W_ABS, offset, None, None))
-
-    def and_(self, mask: int) -> None:
-        self.code.append((BPF_ALU_AND_K, mask, None, None))
-
-    def jeq(self, value: int, if_true: str | None, if_false: str | None = None) -> None:
-        self.code.append((BPF_JMP_JEQ_K, value, if_true, if_false))
-
-    def jge(self, value: int, if_true: str | None, if_false: str | None = None) -> None:
-        self.code.append((BPF_JMP_JGE_K, value, if_true, if_false))
-
-    def jset(self, mask: int, if_true: str | None, if_false: str | None = None) -> None:
-        self.code.append((BPF_JMP_JSET_K, mask, if_true, if_false))
-
-    def jump(self, target: str) -> None:
-        self.code.append((BPF_JMP_JA, 0, target, None))
-
-    def ret(self, value: int) -> None:
-        self.code.append((BPF_RET_K, value, None, None))
-
-    def resolve(self) -> list[tuple[int, int, int, int]]:
-        program: list[tuple[int, int, int, int]] = []
-        for index, (code, k, if_true, if_false) in enumerate(self.code):
-            def offset(target: str | None) -> int:
-                if target is None:
-                    return 0
-                distance = self.labels[target] - (index + 1)
-                if not 0 <= distance <= 255:
-                    raise ValueError(f"BPF jump to {target!r} out of range ({distance})")
-                return distance
-
-            if code == BPF_JMP_JA:  # unconditional jumps keep their offset in k
-                assert if_true is not None
-                program.append((code, 0, 0, self.labels[if_true] - (index + 1)))
-            else:
-                program.append((code, offset(if_true), offset(if_false), k))
-        return program
-
-
-def _errno(value: int) -> int:
-    return SECCOMP_RET_ERRNO | (value & 0xFFFF)
-
-
 class SeccompFilter:
     """The sandbox's syscall filter; ``install()`` it in the single-threaded child.
 
@@ -243,6 +542,8 @@ class SeccompFilter:
     and a datagram pair can still ``sendto`` one (/dev/log, systemd's notify socket).
     ``arch``: the architecture to build for (default: this machine); a mismatch with the running
     kernel's kills the process at its first syscall, which is what the check is for.
+
+    The program is compiled here, once, so a forked child only loads it.
     """
 
     def __init__(
@@ -263,86 +564,13 @@ class SeccompFilter:
         self.allow_socket_families = frozenset(int(family) for family in allow_socket_families)
         self.inet_tcp_only = inet_tcp_only
         self.allow_unix_pairs = allow_unix_pairs
-        self._program: list[tuple[int, int, int, int]] | None = None
+        self.rules = build_rules(self.allow_socket_families, inet_tcp_only=inet_tcp_only,
+                                 allow_unix_pairs=allow_unix_pairs)
+        self._program = compile_filter(self.rules, arch_name)
 
     def instructions(self) -> list[tuple[int, int, int, int]]:
         """The program as (code, jt, jf, k) tuples, for inspection and tests."""
-        arch, sc = self.arch, self.arch.syscalls
-        asm = _Assembler()
-        asm.load(OFFSET_ARCH)
-        asm.jeq(arch.audit_arch, None, "kill")  # foreign ABIs use other numbers: never let them by
-        asm.load(OFFSET_NR)
-        if arch.has_x32:
-            asm.jge(X32_SYSCALL_BIT, "eperm")
-        for name in _DENIED_NAMES:
-            asm.jeq(sc[name], "eperm")
-        asm.jeq(sc["clone3"], "enosys")
-        asm.jeq(sc["clone"], "clone")
-        asm.jeq(sc["socket"], "socket")
-        asm.jeq(sc["socketpair"], "socketpair" if self.allow_unix_pairs else "socket")
-        asm.jeq(sc["ioctl"], "ioctl")
-        asm.jeq(sc["sendto"], "flags_arg3")
-        asm.jeq(sc["sendmmsg"], "flags_arg3")
-        asm.jeq(sc["sendmsg"], "flags_arg2")
-        asm.ret(SECCOMP_RET_ALLOW)
-
-        asm.label("flags_arg3")
-        asm.load(_arg_low(3))
-        asm.jset(MSG_FASTOPEN, "eperm", "allow")
-        asm.label("flags_arg2")
-        asm.load(_arg_low(2))
-        asm.jset(MSG_FASTOPEN, "eperm", "allow")
-
-        # Pushing keystrokes into a terminal inherited from the parent runs commands in the
-        # user's shell; Landlock's ioctl right does not cover descriptors opened before it.
-        asm.label("ioctl")
-        asm.load(_arg_low(1))  # request
-        asm.jeq(TIOCSTI, "eperm")
-        asm.jeq(TIOCLINUX, "eperm", "allow")
-
-        asm.label("clone")
-        asm.load(_arg_low(0))  # flags is argument 0 on both x86_64 and aarch64
-        asm.jset(CLONE_NAMESPACE_FLAGS, "eperm", "allow")
-
-        if self.allow_unix_pairs:
-            asm.label("socketpair")
-            asm.load(_arg_low(0))  # domain
-            asm.jeq(socket.AF_UNIX, None, "socket")
-            asm.load(_arg_low(1))  # type
-            asm.and_(SOCK_TYPE_MASK)
-            asm.jeq(socket.SOCK_STREAM, "allow", "socket")  # other pairs: as socket() would be
-
-        asm.label("socket")
-        asm.load(_arg_low(0))  # domain
-        inet_families = {int(socket.AF_INET), int(getattr(socket, "AF_INET6", 10))}
-        checked_inet = False
-        for family in sorted(self.allow_socket_families):
-            if self.inet_tcp_only and family in inet_families:
-                asm.jeq(family, "inet_check")
-                checked_inet = True
-            else:
-                asm.jeq(family, "allow")
-        asm.jump("eafnosupport")
-        if checked_inet:
-            asm.label("inet_check")
-            asm.load(_arg_low(1))  # type
-            asm.and_(SOCK_TYPE_MASK)
-            asm.jeq(socket.SOCK_STREAM, None, "eperm")
-            asm.load(_arg_low(2))  # protocol
-            asm.jeq(0, "allow")
-            asm.jeq(IPPROTO_TCP, "allow", "eperm")
-
-        asm.label("allow")
-        asm.ret(SECCOMP_RET_ALLOW)
-        asm.label("eperm")
-        asm.ret(_errno(errno.EPERM))
-        asm.label("enosys")
-        asm.ret(_errno(errno.ENOSYS))
-        asm.label("eafnosupport")
-        asm.ret(_errno(errno.EAFNOSUPPORT))
-        asm.label("kill")
-        asm.ret(SECCOMP_RET_KILL_PROCESS)
-        return asm.resolve()
+        return list(self._program)
 
     def install(self, *, only_this_thread: bool = False) -> None:
         """Set NO_NEW_PRIVS and load the filter for the CURRENT THREAD (inherited across fork/exec).
@@ -357,8 +585,6 @@ class SeccompFilter:
                 "install() filters only the calling thread and this process has "
                 f"{thread_count()} threads; call it in a single-threaded child after fork"
             )
-        if self._program is None:
-            self._program = self.instructions()
         program = self._program
         filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
         fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))

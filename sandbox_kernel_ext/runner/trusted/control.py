@@ -8,10 +8,21 @@ the parent's own single-use random tokens, so replays and forgeries are refused 
 
 Child -> parent: {"type": "open", "id": n, "path": host path, "flags": os flags}
                  {"type": "commit", "id": n, "handle": h}
+                 {"type": "input", "id": n, "prompt": str, "password": bool}
                  {"type": "usage", "tokens": int, "cost": float}
-                 {"type": "variables", "values": {...}}       (once, at the end)
+                 {"type": "variables", "values": {...}}       (once, at the end of a run)
+  in a session:  {"type": "display", "data": {...}, "metadata": {...}, "display_id": str|null,
+                  "update": bool}, {"type": "clear_output", "wait": bool},
+                 {"type": "result", "data": {...}, "metadata": {...}}   (once per cell)
+                 {"type": "done", "cell": n, "status": "ok"|"error", "values": {...},
+                  "error": {...}|null}                                    (ends a cell)
 Parent -> child: {"type": "reply", "id": n, "ok": bool, "handle": h|null, "errno": int,
-                 "error": str} (+ the descriptor, for an open that was granted)
+                 "error": str, "value": str} (+ the descriptor, for an open that was granted)
+  in a session:  {"type": "run", "cell": n, "code": str, "inputs": base64 pickle,
+                  "outputs": [names]}
+
+Only the output variables the caller named cross (`CellEvents.outputs`); any other name a
+frame carries is dropped. Displays are checked and made safe here (`display.py`).
 """
 
 from __future__ import annotations
@@ -27,9 +38,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire import MAX_VARIABLES_BYTES, decode_value
+from .display import (
+    MAX_BUNDLE_BYTES,
+    DisplayOutput,
+    check_bundle,
+    clean_text,
+    format_error,
+    namespaced_display_id,
+    safe_bundle,
+)
 from .gated_files import GatedFiles
 
-__all__ = ["ControlChannel", "MalformedFrame", "MAX_FRAME_BYTES", "MAX_TOKENS_PER_REPORT"]
+__all__ = ["CellEvents", "ControlChannel", "MalformedFrame", "MAX_FRAME_BYTES",
+           "MAX_TOKENS_PER_REPORT"]
 
 _logger = logging.getLogger(__name__)
 
@@ -37,10 +58,39 @@ MAX_FRAME_BYTES = 64 * 1024  # any frame but the variables one
 MAX_TOKENS_PER_REPORT = 10**12
 MAX_COST_PER_REPORT = 10.0**9
 MAX_PENDING_REQUESTS = 16
+MAX_DISPLAY_BYTES_PER_CELL = 64 * 1024 * 1024  # beyond it, a cell's displays are dropped
+# The largest frame of each kind: the variables with their envelope, one display's bundle.
+_FRAME_CAPS = {"variables": MAX_VARIABLES_BYTES + MAX_FRAME_BYTES,
+               "done": MAX_VARIABLES_BYTES + MAX_FRAME_BYTES,
+               "display": MAX_BUNDLE_BYTES + MAX_FRAME_BYTES,
+               "result": MAX_BUNDLE_BYTES + MAX_FRAME_BYTES}
+_LINE_CAP = max(_FRAME_CAPS.values()) + 1024
+InputCallback = Callable[[str, bool], str]  # (prompt, password) -> the answer; EOFError: none
 
 
 class MalformedFrame(ValueError):
     """The child broke the protocol: the run ends with this as the reason."""
+
+
+class CellEvents:
+    """One cell's side of the channel: which output variables may cross, where its displays
+    and input requests go, and what it left (displays in order, variables, error, done).
+    `session` names the display-id space the cell's displays live in."""
+
+    def __init__(self, outputs: Any = (), *, on_display: Callable[[DisplayOutput], None] | None = None,
+                 on_input: InputCallback | None = None, session: str = "", cell: int = 0) -> None:
+        self.outputs = frozenset(outputs)
+        self.on_display = on_display
+        self.on_input = on_input
+        self.session = session
+        self.cell = cell
+        self.displays: list[DisplayOutput] = []
+        self.display_bytes = 0
+        self.dropped_displays = 0
+        self.variables: dict[str, Any] | None = None
+        self.error: tuple[str, str, list[str]] | None = None
+        self.has_result = False
+        self.done = threading.Event()
 
 
 class ControlChannel:
@@ -57,15 +107,16 @@ class ControlChannel:
         *,
         on_usage: Callable[[int, float], None],
         on_malformed: Callable[[str], None],
+        events: CellEvents | None = None,
     ) -> None:
         self._sock = sock
+        self.events = events if events is not None else CellEvents()
         self._files = files
         self._on_usage = on_usage
         self._on_malformed = on_malformed
         self._buffer = bytearray()
         self._last_id = 0
         self._broken: str | None = None
-        self.variables: dict[str, Any] | None = None
         self._requests: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._send_lock = threading.Lock()
@@ -74,6 +125,11 @@ class ControlChannel:
     @property
     def broken(self) -> str | None:
         return self._broken
+
+    @property
+    def variables(self) -> dict[str, Any] | None:
+        """The current cell's output variables (only the names it was asked for)."""
+        return self.events.variables
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -87,9 +143,8 @@ class ControlChannel:
             while True:
                 end = self._buffer.find(b"\n")
                 if end < 0:
-                    if len(self._buffer) > MAX_VARIABLES_BYTES + 1024:
-                        raise MalformedFrame(f"a control frame is over {MAX_VARIABLES_BYTES + 1024} "
-                                             "bytes")
+                    if len(self._buffer) > _LINE_CAP:
+                        raise MalformedFrame(f"a control frame is over {_LINE_CAP} bytes")
                     return
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
@@ -115,14 +170,21 @@ class ControlChannel:
         if not isinstance(frame, dict):
             raise MalformedFrame("a frame must be a JSON object")
         kind = frame.get("type")
-        if kind != "variables" and len(line) > MAX_FRAME_BYTES:
-            raise MalformedFrame(f"a {kind!r} frame is over {MAX_FRAME_BYTES} bytes")
+        cap = _FRAME_CAPS.get(kind, MAX_FRAME_BYTES) if isinstance(kind, str) else MAX_FRAME_BYTES
+        if len(line) > cap:
+            raise MalformedFrame(f"a {str(kind)[:40]!r} frame is over {cap} bytes")
         if kind == "usage":
             self._usage(frame)
         elif kind == "variables":
             self._variables(frame)
         elif kind in ("open", "commit"):
             self._request(frame)
+        elif kind == "input":
+            self._input(frame)
+        elif kind in ("display", "result", "clear_output"):
+            self._display(frame, len(line))
+        elif kind == "done":
+            self._done(frame)
         else:
             raise MalformedFrame(f"unknown frame type {str(kind)[:40]!r}")
 
@@ -137,23 +199,119 @@ class ControlChannel:
         self._on_usage(tokens, float(cost))
 
     def _variables(self, frame: dict[str, Any]) -> None:
-        if self.variables is not None:
+        if self.events.variables is not None:
             raise MalformedFrame("output variables sent twice")
         values = frame.get("values")
         if set(frame) != {"type", "values"} or not isinstance(values, dict):
             raise MalformedFrame("a variables frame needs one object of values")
+        self.events.variables = self._asked_for(values)
+
+    def _asked_for(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The values of the names the caller asked for; any other name is dropped here, so
+        a cell can never set a variable nobody asked it for."""
         try:
-            self.variables = {str(name): decode_value(value) for name, value in values.items()}
+            return {name: decode_value(value) for name, value in values.items()
+                    if name in self.events.outputs}
         except (ValueError, RecursionError, MemoryError) as exc:
             raise MalformedFrame(f"bad output variables: {type(exc).__name__}") from None
 
-    def _request(self, frame: dict[str, Any]) -> None:
+    def _display(self, frame: dict[str, Any], size: int) -> None:
+        events = self.events
+        kind = frame["type"]
+        try:
+            if kind == "clear_output":
+                if set(frame) != {"type", "wait"} or not isinstance(frame["wait"], bool):
+                    raise ValueError("clear_output needs wait (true or false)")
+                output = DisplayOutput("clear", wait=frame["wait"])
+            else:
+                expected = ({"type", "data", "metadata"} if kind == "result"
+                            else {"type", "data", "metadata", "display_id", "update"})
+                if set(frame) != expected:
+                    raise ValueError(f"a {kind} frame has the fields {sorted(expected)}")
+                if kind == "result" and events.has_result:
+                    raise ValueError("a cell has one result")
+                data, metadata = safe_bundle(*check_bundle(frame["data"], frame["metadata"]))
+                if kind == "result":
+                    events.has_result = True
+                    output = DisplayOutput("result", data, metadata)
+                else:
+                    update = frame["update"]
+                    if not isinstance(update, bool):
+                        raise ValueError("update must be true or false")
+                    display_id = namespaced_display_id(events.session, frame["display_id"])
+                    if update and display_id is None:
+                        raise ValueError("an update names the display it updates")
+                    output = DisplayOutput("update" if update else "display", data, metadata,
+                                           display_id)
+        except ValueError as exc:
+            raise MalformedFrame(str(exc)) from None
+        if events.display_bytes + size > MAX_DISPLAY_BYTES_PER_CELL:
+            events.dropped_displays += 1
+            return
+        events.display_bytes += size
+        events.displays.append(output)
+        if events.on_display is not None:
+            events.on_display(output)
+
+    def _done(self, frame: dict[str, Any]) -> None:
+        events = self.events
+        if events.done.is_set():
+            raise MalformedFrame("a cell ended twice")
+        values, error, status = frame.get("values"), frame.get("error"), frame.get("status")
+        if (set(frame) != {"type", "cell", "status", "values", "error"}
+                or frame.get("cell") != events.cell or status not in ("ok", "error")
+                or not isinstance(values, dict) or (error is None) != (status == "ok")):
+            raise MalformedFrame("a done frame needs this cell's number, a status, values and "
+                                 "an error report exactly when the status is error")
+        events.variables = self._asked_for(values)
+        if error is not None:
+            try:
+                events.error = format_error(error)
+            except ValueError as exc:
+                raise MalformedFrame(f"bad error report: {exc}") from None
+        events.done.set()
+
+    def _input(self, frame: dict[str, Any]) -> None:
+        """input() in the cell: asked here, on the pump's thread (a notebook's stdin channel
+        belongs to the kernel's main thread), while the cell waits for the answer."""
+        self._check_id(frame)
+        prompt, password = frame.get("prompt"), frame.get("password")
+        if (set(frame) != {"type", "id", "prompt", "password"} or not isinstance(prompt, str)
+                or len(prompt) > 4096 or not isinstance(password, bool)):
+            raise MalformedFrame("an input request needs prompt (text) and password (true or "
+                                 "false)")
+        reply: dict[str, Any] = {"type": "reply", "id": frame["id"], "ok": False, "handle": None}
+        on_input = self.events.on_input
+        try:
+            if on_input is None:
+                raise EOFError("input() has no one to answer it: this run has no input "
+                               "callback (pass on_input to ask a person)")
+            value = on_input(clean_text(prompt, 4096), password)
+            if not isinstance(value, str):
+                raise EOFError("the answer to input() was not text")
+            reply.update(ok=True, value=value)
+        except EOFError as exc:
+            reply.update(error=str(exc) or "end of input")
+        self._reply(reply, None)
+
+    def _check_id(self, frame: dict[str, Any]) -> None:
         request_id = frame.get("id")
         if isinstance(request_id, bool) or not isinstance(request_id, int):
             raise MalformedFrame("a request needs a whole-number id")
         if request_id <= self._last_id:
             raise MalformedFrame(f"request id {request_id} is not larger than the last one")
         self._last_id = request_id
+
+    def send_command(self, command: dict[str, Any]) -> None:
+        """A command to the session (the trusted side speaks first only here)."""
+        data = (json.dumps(command) + "\n").encode()
+        with self._send_lock:
+            if self._closed.is_set():
+                raise OSError("the control channel is closed")
+            self._sock.sendall(data)
+
+    def _request(self, frame: dict[str, Any]) -> None:
+        self._check_id(frame)
         if frame["type"] == "open":
             if (set(frame) != {"type", "id", "path", "flags"} or not isinstance(frame["path"], str)
                     or isinstance(frame["flags"], bool) or not isinstance(frame["flags"], int)):

@@ -67,6 +67,16 @@ class SpawnedChild:
             except (ProcessLookupError, OSError):
                 pass
 
+    def send_signal(self, signum: int) -> bool:
+        """Send `signum` to the child (PID 1 of its namespace) while it runs; False if gone."""
+        if self.pidfd < 0 or self.exited.is_set():
+            return False
+        try:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except (ProcessLookupError, OSError):
+            return False
+        return True
+
     def wait_started(self) -> None:
         """Block until the child runs; raise SandboxError with the reason it could not."""
         self.started.wait()

@@ -8,12 +8,10 @@ namespace) on a breach, a timeout or an interrupt.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 import os
 import pickle
-import selectors
 import shutil
 import socket
 import stat
@@ -32,7 +30,7 @@ from ...policy.egress import EgressFilter, RateLimiter
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ..wire import ChildPlan
-from .control import ControlChannel
+from .control import CellEvents, ControlChannel, InputCallback
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
 from .isolation import check_tier, missing_layers, network_namespaces
@@ -46,12 +44,12 @@ from .plan import (
     filesystem_grants,
     homes_folder,
 )
+from .plumbing import OutputCallback, OutputStream, Plumbing, memfd, pump
+from .session import PythonSession
 
 __all__ = ["SandboxManager", "OutputCallback", "StartCallback"]
 
-OutputCallback = Callable[[str, str], None]  # (stream name "stdout"/"stderr", text)
 StartCallback = Callable[[ResourceMonitor], None]
-_READ_CHUNK = 65536
 EGRESS_LOG_LIMIT = 1000  # decisions kept per sandbox (counts are kept in full)
 DEFAULT_MAX_PAUSED = 600.0  # when the broker waits for ever: the most a run's clock stops
 _HANDOFF_TIMEOUT = 30.0  # for the child to hand over its proxy listener
@@ -74,102 +72,7 @@ class _Sandbox:
     network_note: str | None = None  # why a policy's egress rules give no network here
     gated: tuple[GatedRoot, ...] = ()  # the path table's roots, resolved (pinned) when made
     egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
-
-
-class _Stream:
-    """One output pipe: keeps at most `cap` bytes, counts the rest, decodes for callbacks."""
-
-    def __init__(self, name: str, cap: int, callback: OutputCallback | None) -> None:
-        self.name, self.cap, self.callback = name, cap, callback
-        self.kept = bytearray()
-        self.dropped = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-
-    def feed(self, data: bytes) -> None:
-        room = self.cap - len(self.kept)
-        kept, extra = data[:max(room, 0)], data[max(room, 0):]
-        if kept:
-            self.kept += kept
-            if self.callback is not None:
-                self.callback(self.name, self._decoder.decode(kept))
-        if extra:
-            if self.dropped == 0 and self.callback is not None:
-                self.callback(self.name, self._decoder.decode(b"", final=True)
-                              + f"\n[sandbox] {self.name} capped at {self.cap} bytes\n")
-            self.dropped += len(extra)
-
-    def text(self) -> str:
-        text = self.kept.decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[sandbox] {self.dropped} more bytes of {self.name} dropped (cap {self.cap} bytes)\n"
-        return text
-
-
-class _Plumbing:
-    """The descriptors of one run, each with one owner at a time.
-
-    The child's ends (`child_ends`, by the names the launcher expects) are ours until the
-    launcher has duplicated them into the child; the trusted ends (the output pipes, the
-    control socket, the egress hand-off) are ours until the run is collected, except the
-    control socket, which `take_control` hands to the control channel. `close()` closes
-    whatever is still held, and is safe to call more than once.
-    """
-
-    def __init__(self) -> None:
-        self.child_ends: dict[str, int] = {}
-        self.stdout = self.stderr = -1
-        self.control: socket.socket | None = None
-        self.handoff: socket.socket | None = None
-
-    @classmethod
-    def open(cls, plan: ChildPlan, stdin: bytes | None, payload: bytes | None) -> _Plumbing:
-        plumbing = cls()
-        try:
-            plumbing.stdout, plumbing.child_ends["stdout"] = os.pipe2(os.O_CLOEXEC)
-            plumbing.stderr, plumbing.child_ends["stderr"] = os.pipe2(os.O_CLOEXEC)
-            plumbing.child_ends["stdin"] = (
-                _memfd("sandbox-stdin", stdin) if stdin
-                else os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            )
-            if payload is not None:
-                plumbing.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                plumbing.child_ends["control"] = child_end.detach()
-                plumbing.child_ends["payload"] = _memfd("sandbox-cell", payload)
-            if plan.proxy_port is not None:
-                plumbing.handoff, child_end = socket.socketpair(socket.AF_UNIX,
-                                                                socket.SOCK_SEQPACKET)
-                plumbing.child_ends["egress"] = child_end.detach()
-        except BaseException:
-            plumbing.close()
-            raise
-        return plumbing
-
-    def take_control(self) -> socket.socket:
-        sock, self.control = self.control, None
-        assert sock is not None
-        return sock
-
-    def close_child_ends(self) -> None:
-        ends, self.child_ends = self.child_ends, {}
-        for fd in ends.values():
-            os.close(fd)
-
-    def close_handoff(self) -> None:
-        if self.handoff is not None:
-            self.handoff.close()
-            self.handoff = None
-
-    def close(self) -> None:
-        self.close_child_ends()
-        self.close_handoff()
-        for name in ("stdout", "stderr"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                os.close(fd)
-                setattr(self, name, -1)
-        if self.control is not None:
-            self.control.close()
-            self.control = None
+    session: PythonSession | None = None  # the session its child serves, if it is one
 
 
 class SandboxManager:
@@ -282,6 +185,8 @@ class SandboxManager:
         self.kill(sandbox_id, "sandbox destroyed")
         if sandbox.child is not None:
             sandbox.child.exited.wait(timeout=10)
+        if sandbox.session is not None:
+            sandbox.session.close("sandbox destroyed")
         with self._lock:
             self._sandboxes.pop(sandbox_id, None)
         if sandbox.proxy is not None:
@@ -364,11 +269,14 @@ class SandboxManager:
         env: dict[str, str] | None = None,
         on_output: OutputCallback | None = None,
         on_start: StartCallback | None = None,
+        on_input: InputCallback | None = None,
     ) -> SandboxResult:
         """Run Python source in a confined fork of the launcher's interpreter.
 
         `inputs` are pickled in from this (trusted) side; `outputs` name variables to send
-        back, as JSON-safe data only, in `SandboxResult.variables`.
+        back, as JSON-safe data only, in `SandboxResult.variables` (no other name crosses).
+        `on_input(prompt, password)` answers the cell's `input()`/`getpass()` (raise
+        EOFError with the reason when nobody can); without it they raise EOFError.
         """
         if not isinstance(code, str):
             raise SandboxError("code must be a string")
@@ -382,7 +290,8 @@ class SandboxManager:
         except Exception as exc:  # noqa: BLE001
             raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
         return self._run(sandbox_id, "python", [], timeout, cwd=cwd, env=env,
-                         on_output=on_output, payload=payload, on_start=on_start)
+                         on_output=on_output, payload=payload, on_start=on_start,
+                         events=CellEvents(outputs, on_input=on_input))
 
     @staticmethod
     def _child_view(sandbox: _Sandbox) -> dict[str, Any]:
@@ -404,29 +313,20 @@ class SandboxManager:
         self, sandbox_id: str, kind: str, argv: list[str], timeout: float, *,
         cwd: str | None, env: dict[str, str] | None, on_output: OutputCallback | None,
         stdin: bytes | None = None, payload: bytes | None = None,
-        on_start: StartCallback | None = None,
+        on_start: StartCallback | None = None, events: CellEvents | None = None,
     ) -> SandboxResult:
         if not timeout > 0:
             raise SandboxError(f"timeout must be positive, got {timeout!r}")
         sandbox = self._get(sandbox_id)
-        with self._lock:
-            if sandbox.status not in (SandboxStatus.created, SandboxStatus.stopped):
-                raise SandboxError(f"sandbox {sandbox_id} is {sandbox.status.value}, not ready to run")
-            previous, sandbox.status = sandbox.status, SandboxStatus.running
-            sandbox.kill_reason = None
-            sandbox.child = None
+        previous = self._claim(sandbox)
         try:
-            egress = bool(sandbox.capability.network_egress_rules) and sandbox.network_note is None
-            plan = build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
-                              env=env, uid=self.child_uid, gid=self.child_uid,
-                              denied=sandbox.denied, pinned=sandbox.grants,
-                              proxy_port=PROXY_PORT if egress else None)
+            plan = self._plan(sandbox, kind, argv, cwd, env)
         except BaseException:
             sandbox.status = previous  # a bad request changes nothing
             raise
         try:
             result = self._spawn_and_collect(sandbox, plan, timeout, on_output, stdin, payload,
-                                             on_start)
+                                             on_start, events)
         except SandboxError:
             ran = sandbox.child is not None and sandbox.child.pid > 0
             sandbox.status = SandboxStatus.stopped if ran else previous  # not started: unchanged
@@ -438,27 +338,88 @@ class SandboxManager:
         sandbox.runs += 1
         return result
 
+    def _claim(self, sandbox: _Sandbox) -> SandboxStatus:
+        """Mark the sandbox running (one child at a time); its status before."""
+        with self._lock:
+            if sandbox.status not in (SandboxStatus.created, SandboxStatus.stopped):
+                raise SandboxError(f"sandbox {sandbox.sandbox_id} is {sandbox.status.value}, "
+                                   "not ready to run" + (" (a session is open in it)"
+                                                         if sandbox.session else ""))
+            previous, sandbox.status = sandbox.status, SandboxStatus.running
+            sandbox.kill_reason = None
+            sandbox.child = None
+        return previous
+
+    def _plan(self, sandbox: _Sandbox, kind: str, argv: list[str], cwd: str | None,
+              env: dict[str, str] | None) -> ChildPlan:
+        egress = bool(sandbox.capability.network_egress_rules) and sandbox.network_note is None
+        return build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
+                          env=env, uid=self.child_uid, gid=self.child_uid,
+                          denied=sandbox.denied, pinned=sandbox.grants,
+                          proxy_port=PROXY_PORT if egress else None)
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def start_session(self, sandbox_id: str, *, cwd: str | None = None,
+                      env: dict[str, str] | None = None) -> PythonSession:
+        """A stateful code interpreter in this sandbox: one long-lived confined Python process
+        whose cells (`PythonSession.run_cell`) share their namespace. The sandbox serves the
+        session alone until it ends (`close()`, a breach, `destroy`)."""
+        sandbox = self._get(sandbox_id)
+        previous = self._claim(sandbox)
+        try:
+            plan = self._plan(sandbox, "session", [], cwd, env)
+            payload = pickle.dumps({"policy": self._child_view(sandbox)})
+            plumbing = Plumbing.open(plan, None, payload)
+        except BaseException:
+            sandbox.status = previous
+            raise
+        try:
+            child, started, listener = self._launch(sandbox, plan, plumbing)
+        except BaseException:
+            plumbing.close()
+            sandbox.status = SandboxStatus.stopped if sandbox.child is not None else previous
+            raise
+        session = PythonSession(self, sandbox, child, plumbing, listener, started)
+        sandbox.session = session
+        return session
+
+    def _session_ended(self, session: PythonSession, child: SpawnedChild,
+                       plumbing: Plumbing | None, control: ControlChannel,
+                       listener: socket.socket | None) -> None:
+        """Release what an ended session held; its sandbox may run again."""
+        sandbox = self._sandboxes.get(session.sandbox_id)
+        control.close()
+        if plumbing is not None:
+            plumbing.close()
+        if sandbox is not None and listener is not None and sandbox.proxy is not None:
+            sandbox.proxy.stop_serving(listener)
+        child.close()
+        if sandbox is not None and sandbox.session is session:
+            sandbox.session = None
+            sandbox.runs += session.cells_run
+            sandbox.status = SandboxStatus.stopped
+
     def _spawn_and_collect(self, sandbox: _Sandbox, plan: ChildPlan, timeout: float,
                            on_output: OutputCallback | None, stdin: bytes | None,
-                           payload: bytes | None,
-                           on_start: StartCallback | None = None) -> SandboxResult:
+                           payload: bytes | None, on_start: StartCallback | None = None,
+                           events: CellEvents | None = None) -> SandboxResult:
         """Launch the child, watch it to its end, and collect what it left."""
-        plumbing = _Plumbing.open(plan, stdin, payload)
+        plumbing = Plumbing.open(plan, stdin, payload)
         try:
             child, started, listener = self._launch(sandbox, plan, plumbing)
             return self._supervise(sandbox, child, plumbing, listener, started, timeout,
-                                   on_output, on_start)
+                                   on_output, on_start, events or CellEvents())
         finally:
             plumbing.close()
 
-    def _launch(self, sandbox: _Sandbox, plan: ChildPlan, plumbing: _Plumbing
+    def _launch(self, sandbox: _Sandbox, plan: ChildPlan, plumbing: Plumbing
                 ) -> tuple[SpawnedChild, float, socket.socket | None]:
         """Start the child and wait until it runs; (the child, its start, the proxy's
         listener in its namespace). A failure or an interrupt while it starts kills it: it
         must not run on unwatched."""
         # Values (API keys the policy lets through) go on a memfd: a plan is kept in the
         # launcher's memory, which every later fork inherits.
-        plumbing.child_ends["env"] = _memfd("sandbox-env", json.dumps(plan.env).encode())
+        plumbing.child_ends["env"] = memfd("sandbox-env", json.dumps(plan.env).encode())
         started = time.monotonic()
         child = self._launcher.spawn(dataclasses.replace(plan, env={}), plumbing.child_ends)
         sandbox.child = child  # from here on, kill() and destroy() reach it
@@ -476,10 +437,10 @@ class SandboxManager:
             raise
         return child, started, listener
 
-    def _supervise(self, sandbox: _Sandbox, child: SpawnedChild, plumbing: _Plumbing,
+    def _supervise(self, sandbox: _Sandbox, child: SpawnedChild, plumbing: Plumbing,
                    listener: socket.socket | None, started: float, timeout: float,
-                   on_output: OutputCallback | None, on_start: StartCallback | None
-                   ) -> SandboxResult:
+                   on_output: OutputCallback | None, on_start: StartCallback | None,
+                   events: CellEvents) -> SandboxResult:
         """Monitor, stream and serve the control channel until every pipe ends; stop all of
         it whatever happens, and kill the tree if we are interrupted."""
         monitor = ResourceMonitor(
@@ -490,11 +451,12 @@ class SandboxManager:
         )
         sandbox.monitor = monitor
         cap = int(sandbox.capability.resource_limits.max_output_mb * 1024 * 1024)
-        streams = {plumbing.stdout: _Stream("stdout", cap, on_output),
-                   plumbing.stderr: _Stream("stderr", cap, on_output)}
+        streams = {plumbing.stdout: OutputStream("stdout", cap, on_output),
+                   plumbing.stderr: OutputStream("stderr", cap, on_output)}
         control = None
         if plumbing.control is not None:
-            control = self._control_channel(sandbox, child, monitor, plumbing.take_control())
+            control = self.control_channel(sandbox, child, plumbing.take_control(),
+                                           lambda: monitor, events)
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
             monitor.start(child.pid, started_at=started)
@@ -516,20 +478,30 @@ class SandboxManager:
             child.close()
         return self._result(sandbox, child, monitor, streams, control, started, egress_before)
 
-    def _control_channel(self, sandbox: _Sandbox, child: SpawnedChild,
-                         monitor: ResourceMonitor, sock: socket.socket) -> ControlChannel:
-        """The cell's control channel: gated opens asked of the broker (the run's clock
-        stops while a person is asked), usage reports, and a kill for a malformed frame."""
+    def control_channel(self, sandbox: _Sandbox, child: SpawnedChild, sock: socket.socket,
+                        monitor: Callable[[], ResourceMonitor | None],
+                        events: CellEvents) -> ControlChannel:
+        """The cell's control channel: gated opens asked of the broker (the clock of the
+        cell being watched, `monitor()`, stops while a person is asked), usage reports, and
+        a kill for a malformed frame."""
+
+        def waiting(now_waiting: bool) -> None:
+            watch = monitor()
+            if watch is not None:
+                watch.pause_clock() if now_waiting else watch.resume_clock()
+
+        def usage(tokens: int, cost: float) -> None:
+            watch = monitor()
+            if watch is not None:
+                self._usage(watch, tokens, cost)
+
         files = GatedFiles(
             sandbox.capability, self.broker, f"sandbox:{sandbox.sandbox_id[:8]}",
-            roots=list(sandbox.gated),
-            on_waiting=lambda waiting: (monitor.pause_clock() if waiting
-                                        else monitor.resume_clock()),
+            roots=list(sandbox.gated), on_waiting=waiting,
         )
         return ControlChannel(
-            sock, files,
-            on_usage=lambda tokens, cost: self._usage(monitor, tokens, cost),
-            on_malformed=lambda reason: self._breach(sandbox, child, reason),
+            sock, files, on_usage=usage,
+            on_malformed=lambda reason: self._breach(sandbox, child, reason), events=events,
         )
 
     def _serve_egress(
@@ -570,43 +542,23 @@ class SandboxManager:
             sandbox.kill_reason = reason
         child.kill()
 
-    def _pump(self, child: SpawnedChild, streams: dict[int, _Stream],
+    def _pump(self, child: SpawnedChild, streams: dict[int, OutputStream],
               control: ControlChannel | None, monitor: ResourceMonitor, timeout: float,
-              sandbox: _Sandbox) -> None:
-        """Read every pipe until all reach end of file (the namespace is gone by then). The
-        timeout counts the monitor's clock, which stops while an approval is awaited."""
-        selector = selectors.DefaultSelector()
-        for fd in streams:
-            selector.register(fd, selectors.EVENT_READ)
-        if control is not None:
-            selector.register(control.fileno(), selectors.EVENT_READ)
-        open_fds = len(selector.get_map())
-        try:
-            while open_fds:
-                remaining = timeout - monitor.elapsed()
-                if remaining <= 0 and sandbox.kill_reason is None:
-                    self._breach(sandbox, child, f"timeout after {timeout:g} s")
-                for key, _ in selector.select(timeout=max(min(remaining, 0.5), 0.05)):
-                    try:
-                        data = os.read(key.fd, _READ_CHUNK)
-                    except ConnectionResetError:
-                        data = b""
-                    if key.fd in streams:
-                        if data:
-                            streams[key.fd].feed(data)
-                    elif control is not None:
-                        if data:
-                            control.feed(data)
-                        else:
-                            control.finish()
-                    if not data:
-                        selector.unregister(key.fd)
-                        open_fds -= 1
-        finally:
-            selector.close()
+              sandbox: _Sandbox, until: Callable[[], bool] | None = None) -> None:
+        """Read every pipe until all reach end of file (the namespace is gone by then) or
+        `until()` holds. The timeout counts the monitor's clock, which stops while a person
+        is asked."""
+
+        def tick() -> float:
+            remaining = timeout - monitor.elapsed()
+            if remaining <= 0 and sandbox.kill_reason is None:
+                self._breach(sandbox, child, f"timeout after {timeout:g} s")
+            return max(min(remaining, 0.5), 0.05)
+
+        pump(streams, control, tick=tick, until=until)
 
     def _result(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
-                streams: dict[int, _Stream], control: ControlChannel | None, started: float,
+                streams: dict[int, OutputStream], control: ControlChannel | None, started: float,
                 egress_before: dict[str, int]) -> SandboxResult:
         usage = monitor.snapshot()
         usage["cpu_seconds"] = round(max(usage.get("cpu_seconds", 0.0), child.cpu_seconds), 4)
@@ -657,13 +609,3 @@ def _homes_folder() -> str:
     if stat.S_IMODE(info.st_mode) != 0o711:
         os.chmod(folder, 0o711)
     return folder
-
-
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    written = 0
-    view = memoryview(data)
-    while written < len(view):
-        written += os.write(fd, view[written:])
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd

@@ -25,7 +25,7 @@ import psutil
 from ...policy.limits import check_limits as _check_limits
 from ...policy.models import ResourceLimits
 
-__all__ = ["ResourceMonitor"]
+__all__ = ["ResourceMonitor", "sample_tree"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class ResourceMonitor:
         on_breach: Callable[[str], None] | None = None,
         timeout: float | None = None,
         max_paused: float | None = None,
+        cpu_baseline: float = 0.0,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
@@ -75,6 +76,9 @@ class ResourceMonitor:
         self._paused_since: float | None = None
         self._pauses = 0
         self._cpu_seconds = 0.0
+        # CPU the tree had spent before this watch began (a session's earlier cells): a
+        # budget per cell counts only what is spent from here on.
+        self._cpu_baseline = cpu_baseline
         self._memory_mb = 0.0
         self._peak_memory_mb = 0.0
         self._processes = 0
@@ -282,10 +286,11 @@ class ResourceMonitor:
             self._stop_event.wait(self._interval)
 
     def _poll(self) -> None:
-        sample = self._sample_tree()
+        sample = sample_tree(self._root)
         if sample is None:
             return  # no tree, or the root is gone: keep the last values
         cpu_seconds, memory_mb, processes = sample
+        cpu_seconds = max(0.0, cpu_seconds - self._cpu_baseline)
         now = time.monotonic()
         with self._lock:
             # Children that exit without being reaped inside the tree take their CPU
@@ -302,48 +307,6 @@ class ResourceMonitor:
                     self._cpu_percent = max(0.0, used / (now - then) * 100)
             self._last_sample = (now, self._cpu_seconds)
 
-    def _sample_tree(self) -> tuple[float, float, int] | None:
-        """`(cpu_seconds, memory_mb, processes)` of the tree, or None if the root is gone.
-
-        Each process contributes its own CPU time plus that of the children it reaped
-        (`children_user/system`): a reaped process's time moves into its parent's
-        counters, so every second is counted exactly once, whoever reaped it.
-        """
-        root = self._root
-        if root is None:
-            return None
-        try:
-            if not root.is_running():  # also false when the pid was reused
-                return None
-            tree = [root, *root.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return None
-
-        cpu_seconds = 0.0
-        rss = 0
-        processes = 0
-        for proc in tree:
-            try:
-                with proc.oneshot():
-                    times = proc.cpu_times()
-                    rss_bytes = proc.memory_info().rss
-            except psutil.ZombieProcess:
-                processes += 1  # exited but unreaped: still holds a process slot
-                continue
-            except psutil.NoSuchProcess:
-                if proc is root:
-                    return None
-                continue
-            except psutil.AccessDenied:
-                processes += 1
-                continue
-            processes += 1
-            rss += rss_bytes
-            cpu_seconds += times.user + times.system
-            cpu_seconds += getattr(times, "children_user", 0.0)
-            cpu_seconds += getattr(times, "children_system", 0.0)
-        return cpu_seconds, rss / _MIB, processes
-
     def _notify(self, snap: dict[str, Any]) -> None:
         with self._notify_lock:
             keys = list(self._subscribers)
@@ -357,3 +320,45 @@ class ResourceMonitor:
                 except Exception:
                     logger.exception("resource monitor subscriber %r failed; dropped", callback)
                     self._subscribers.pop(key, None)
+
+
+def sample_tree(root: psutil.Process | None) -> tuple[float, float, int] | None:
+    """`(cpu_seconds, memory_mb, processes)` of the tree, or None if the root is gone.
+
+    Each process contributes its own CPU time plus that of the children it reaped
+    (`children_user/system`): a reaped process's time moves into its parent's
+    counters, so every second is counted exactly once, whoever reaped it.
+    """
+    if root is None:
+        return None
+    try:
+        if not root.is_running():  # also false when the pid was reused
+            return None
+        tree = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+    cpu_seconds = 0.0
+    rss = 0
+    processes = 0
+    for proc in tree:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                rss_bytes = proc.memory_info().rss
+        except psutil.ZombieProcess:
+            processes += 1  # exited but unreaped: still holds a process slot
+            continue
+        except psutil.NoSuchProcess:
+            if proc is root:
+                return None
+            continue
+        except psutil.AccessDenied:
+            processes += 1
+            continue
+        processes += 1
+        rss += rss_bytes
+        cpu_seconds += times.user + times.system
+        cpu_seconds += getattr(times, "children_user", 0.0)
+        cpu_seconds += getattr(times, "children_system", 0.0)
+    return cpu_seconds, rss / _MIB, processes

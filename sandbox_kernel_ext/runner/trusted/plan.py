@@ -192,15 +192,21 @@ def child_environment(
     return env
 
 
-def rlimits_for(capability: CapabilityDeclaration) -> dict[str, list[int]]:
-    """Backstops Linux enforces per process; the monitor enforces the exact budgets on the whole tree."""
+# A session's cells run in one long-lived process: matplotlib draws through our backend.
+SESSION_ENV = {"MPLBACKEND": "module://sandbox_kernel_ext.runner.child.figures"}
+
+
+def rlimits_for(capability: CapabilityDeclaration, kind: str = "python") -> dict[str, list[int]]:
+    """Backstops Linux enforces per process; the monitor enforces the exact budgets on the
+    whole tree. A session has no CPU rlimit: its budget is per cell, and the rlimit would
+    count every cell the process ever ran."""
     limits = capability.resource_limits
     mib = 1024 * 1024
     cpu = math.ceil(limits.max_cpu_seconds) + 1
     # Address space, not RSS: give headroom for what libraries reserve but never touch; the
     # monitor kills on the tree's resident memory at the real limit.
     address_space = (limits.max_memory_mb + max(limits.max_memory_mb, 256)) * mib
-    return {
+    rlimits = {
         "RLIMIT_AS": [address_space, address_space],
         "RLIMIT_CPU": [cpu, cpu + 1],
         "RLIMIT_FSIZE": [limits.max_file_size_mb * mib] * 2,
@@ -208,6 +214,9 @@ def rlimits_for(capability: CapabilityDeclaration) -> dict[str, list[int]]:
         "RLIMIT_NPROC": [limits.max_processes] * 2,
         "RLIMIT_CORE": [0, 0],
     }
+    if kind == "session":
+        del rlimits["RLIMIT_CPU"]
+    return rlimits
 
 
 def resolve_command(argv: list[str], env: dict[str, str]) -> list[str]:
@@ -261,6 +270,8 @@ def build_plan(
         child_env.update(dict.fromkeys(PROXY_ENV_NAMES, f"http://127.0.0.1:{proxy_port}"))
     if kind == "exec":
         argv = resolve_command(argv, child_env)
+    elif kind == "session":
+        child_env = {**SESSION_ENV, **child_env}
     workdir = os.path.realpath(cwd) if cwd else (writable[0] if writable else home)
     write_paths = [home, *writable, *host_reads.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
@@ -275,7 +286,7 @@ def build_plan(
         cwd=workdir,
         read_paths=read_paths,
         write_paths=list(dict.fromkeys(write_paths)),
-        rlimits=rlimits_for(capability),
+        rlimits=rlimits_for(capability, kind),
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,

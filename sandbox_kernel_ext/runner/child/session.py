@@ -1,0 +1,168 @@
+"""A confined Python session: cells run one after another in one namespace, like a kernel's.
+
+Runs in the confined child, after its confinement is in place (`bootstrap.py`). The trusted
+side sends `{"type": "run", ...}` commands over the control channel; each cell's output goes
+to the stdout/stderr pipes, its displays and last expression's value go back as frames
+(`display.py`), and it ends with a `done` frame. A SIGINT from the trusted side raises
+KeyboardInterrupt in the running cell and leaves the namespace as it is.
+
+Child -> trusted, per cell: {"type": "display", ...}, {"type": "clear_output", "wait": b},
+  {"type": "result", "data": {...}, "metadata": {...}}  (the last expression's value)
+  {"type": "done", "cell": n, "status": "ok"|"error", "values": {...}, "error": {...}|null}
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import builtins
+import json
+import linecache
+import os
+import pickle
+import re
+import signal
+import sys
+import traceback
+import types
+from typing import Any
+
+from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
+from . import display, inside
+from .cell import open_streams
+
+__all__ = ["run_session", "cell_filename"]
+
+_CELL_NAME = re.compile(r"<sandbox-cell-(\d+)>\Z")
+_CONTEXT = 2  # source lines shown before and after a traceback's line
+_MAX_FRAMES = 40
+
+
+def cell_filename(number: int) -> str:
+    """The name a cell's code is compiled under: tracebacks point at `Cell In[n]`."""
+    return f"<sandbox-cell-{number}>"
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_session(plan: ChildPlan) -> int:
+    """Serve cells until the trusted side hangs up; the exit code is 0."""
+    open_streams()
+    os.environ.clear()
+    os.environ.update(plan.env)
+    payload = pickle.loads(read_to_end(PAYLOAD_FD))
+    inside.install(CONTROL_FD, payload.get("policy") or {})
+    display.install(inside.send_frame, _flush)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the stop button
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    while True:
+        try:
+            command = inside.next_command()
+        except KeyboardInterrupt:
+            continue  # an interrupt between cells has nothing to stop
+        if command is None or command.get("type") != "run":
+            return 0
+        try:
+            _run(command, main.__dict__)
+        except KeyboardInterrupt:  # arrived after the cell ended: its done frame went out
+            pass
+
+
+def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
+    number = int(command.get("cell", 0))
+    code: str = command.get("code", "")
+    outputs: list[str] = list(command.get("outputs") or ())
+    filename = cell_filename(number)
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    values: dict[str, Any] = {}
+    error = None
+    try:
+        if command.get("inputs"):
+            namespace.update(pickle.loads(base64.b64decode(command["inputs"])))
+        _execute(code, filename, namespace)
+        display.flush_figures()
+        values = _output_values(namespace, outputs)
+        unwritten = inside.finish()
+        if unwritten:
+            raise PermissionError("; ".join(unwritten) + " (the file was never closed by the "
+                                  "cell, so this could not be raised where it was written)")
+    except BaseException as exc:  # noqa: BLE001 - the cell's error, shown as a kernel shows it
+        error = error_report(exc)
+        try:
+            display.flush_figures()
+        except BaseException:  # noqa: BLE001
+            pass
+    _flush()
+    inside.send_frame({"type": "done", "cell": number, "status": "error" if error else "ok",
+                       "values": values, "error": error})
+
+
+def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
+    """Run the cell; the last expression's value is shown, as a kernel shows `Out[n]`."""
+    tree = ast.parse(code, filename)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - confined
+    if last is None:
+        return
+    expression = ast.Expression(last.value)
+    ast.copy_location(expression, last)
+    value = eval(compile(expression, filename, "eval"), namespace)  # noqa: S307 - confined
+    if value is None:
+        return
+    namespace["_"] = value
+    data, metadata = display.mime_bundle(value)
+    _flush()
+    inside.send_frame({"type": "result", "data": display._json_safe(data),
+                       "metadata": display._json_safe(metadata)})
+
+
+def _output_values(namespace: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+    missing = [name for name in outputs if name not in namespace]
+    if missing:
+        raise NameError(f"output variable(s) not defined by the session: {', '.join(missing)}")
+    values = {name: encode_value(namespace[name], name) for name in outputs}
+    size = len(json.dumps(values))
+    if size > MAX_VARIABLES_BYTES:
+        raise ValueError(f"output variables are {size} bytes as JSON; the cap is "
+                         f"{MAX_VARIABLES_BYTES} (write large results to a file instead)")
+    return values
+
+
+def error_report(exc: BaseException) -> dict[str, Any]:
+    """The error as data: its type, message and frames (cell number or file, line, source
+    around it). The trusted side formats it; nothing here is taken as text to show."""
+    try:
+        evalue = str(exc)
+    except Exception:  # noqa: BLE001
+        evalue = "<the exception's message could not be made>"
+    frames = []
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        filename = frame.f_code.co_filename
+        if filename in (__file__, display.__file__) and frame.f_code.co_name in (
+                "_run", "_execute"):
+            continue  # our own frames: the traceback starts in the cell
+        frames.append(_frame(filename, lineno or 0, frame.f_code.co_name))
+    if isinstance(exc, SyntaxError) and exc.filename:
+        frames.append(_frame(exc.filename, exc.lineno or 0, None))
+    return {"ename": type(exc).__name__, "evalue": evalue, "frames": frames[-_MAX_FRAMES:]}
+
+
+def _frame(filename: str, lineno: int, name: str | None) -> dict[str, Any]:
+    match = _CELL_NAME.match(filename)
+    lines = []
+    for number in range(max(1, lineno - _CONTEXT), lineno + _CONTEXT + 1):
+        text = linecache.getline(filename, number)
+        if not text and number > lineno:
+            break
+        lines.append([number, text.rstrip("\n")[:500]])
+    return {"cell": int(match.group(1)) if match else None, "filename": filename,
+            "lineno": lineno, "name": name, "lines": lines}

@@ -1,0 +1,251 @@
+"""What a sandboxed cell's display data may become before it reaches a notebook page.
+
+Everything a confined session displays was made by code nobody trusts, and a notebook page
+holds the Jupyter server's credentials: markup that runs script in the page's origin could
+call the server's API and run code in the unconfined kernel. So the trusted side decides,
+format by format, what crosses and how it renders (the README has the table):
+
+- as they are: `text/plain` (control characters removed), `image/png`, `image/jpeg`,
+  `image/gif` (checked to be base64), `application/json` (a tree viewer, no markup);
+- isolated: `text/html` renders inside an `<iframe sandbox="allow-scripts">` without
+  `allow-same-origin`, so it runs in an opaque origin (no cookies, no token, no parent DOM),
+  under a Content-Security-Policy that lets only our own sizing script run and loads nothing
+  from any network; `image/svg+xml` becomes an `<img>` of a data URL (an SVG image never runs
+  script);
+- checked: `text/markdown` without raw HTML and with only http(s), mailto, anchor or relative
+  links; `text/latex` without the commands that make links, styles or HTML;
+- dropped: `application/javascript`, every renderer-specific type (`application/vnd.*`:
+  widgets, plotly, vega...) and anything else; the text/plain form still shows, and for a
+  widget a line says why it is not live.
+
+Nothing here raises on hostile input except `ValueError` for a frame of the wrong shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import html
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DisplayOutput", "MAX_BUNDLE_BYTES", "check_bundle", "safe_bundle", "format_error",
+    "clean_text", "isolated_html",
+]
+
+MAX_BUNDLE_BYTES = 8 * 1024 * 1024  # one display's data, as the JSON it arrived in
+MAX_MIME_TYPES = 32
+MAX_TRACEBACK_FRAMES = 40
+_WIDGET = "application/vnd.jupyter.widget-view+json"
+_IMAGES = ("image/png", "image/jpeg", "image/gif")
+_MIME = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*\Z")
+# Control characters but newline and tab: escape sequences could rewrite a terminal (or
+# its clipboard, through OSC 52) when terminal IPython prints the text.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LINK_TARGET = re.compile(r"\]\(\s*([^)\s]*)")
+_LINK_DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
+_SAFE_TARGET = re.compile(r"(https?:|mailto:|#|[^:]*\Z)", re.IGNORECASE)
+_LATEX_ACTIVE = re.compile(
+    r"\\(href|url|html|class|style|cssid|data|unicode|require|mmltoken|def|let|newcommand|"
+    r"renewcommand|define|begingroup|enclose|toggle|texttip|tooltip|mathtip)", re.IGNORECASE)
+WIDGET_NOTE = ("[sandbox] an ipywidget made inside the sandbox is not live here: widgets need "
+               "a connection to the notebook page, which does not cross the sandbox")
+
+# The one script an isolated frame may run: it tells the page how tall its content is.
+_SIZER = ("new ResizeObserver(function(){parent.postMessage({sandboxFrameHeight:"
+          "document.documentElement.scrollHeight},'*')}).observe(document.documentElement);")
+_SIZER_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SIZER.encode()).digest()).decode()
+_FRAME_POLICY = (f"default-src 'none'; script-src '{_SIZER_HASH}'; style-src 'unsafe-inline'; "
+                 "img-src data:; font-src data:; media-src data:; form-action 'none'")
+
+
+@dataclass(frozen=True)
+class DisplayOutput:
+    """One output of a sandboxed cell, checked: `kind` is "display", "update" (of an earlier
+    display with the same id), "result" (the last expression's value) or "clear"."""
+
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    display_id: str | None = None
+    wait: bool = False
+
+
+def clean_text(value: Any, limit: int = 1 << 20) -> str:
+    """Text from a sandbox, safe to show anywhere: no control characters but newline and tab,
+    no bidi overrides, at most `limit` characters."""
+    text = value if isinstance(value, str) else str(value)
+    text = _CONTROL.sub("", text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def check_bundle(data: Any, metadata: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shape a bundle must have (a dict of MIME type -> str, or JSON for
+    application/json and *+json types); ValueError otherwise."""
+    if not isinstance(data, dict) or not isinstance(metadata, dict):
+        raise ValueError("display data and metadata must be objects")
+    if len(data) > MAX_MIME_TYPES:
+        raise ValueError(f"a display has more than {MAX_MIME_TYPES} formats")
+    for mime, value in data.items():
+        if not isinstance(mime, str) or not _MIME.match(mime):
+            raise ValueError(f"not a MIME type: {str(mime)[:60]!r}")
+        if not isinstance(value, str) and not mime.endswith("json"):
+            raise ValueError(f"the {mime} form of a display must be text")
+    return data, metadata
+
+
+def _base64_image(value: str) -> str | None:
+    try:
+        raw = base64.b64decode(value.replace("\n", ""), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _markdown_is_inert(text: str) -> bool:
+    """No raw HTML or autolink (no `<` at all) and no link target that could run script."""
+    if "<" in text:
+        return False
+    targets = _LINK_TARGET.findall(text) + _LINK_DEFINITION.findall(text)
+    return all(_SAFE_TARGET.match(t) and "&" not in t and "\\" not in t for t in targets)
+
+
+def _image_metadata(metadata: dict[str, Any], mime: str) -> dict[str, Any]:
+    meta = metadata.get(mime)
+    if not isinstance(meta, dict):
+        return {}
+    return {key: int(meta[key]) for key in ("width", "height")
+            if isinstance(meta.get(key), (int, float)) and not isinstance(meta.get(key), bool)
+            and 0 < meta[key] < 100_000}
+
+
+def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
+    """`markup` inside a sandboxed iframe with an opaque origin, under a CSP that runs only
+    the sizing script; the page-side script (ours, with no sandbox bytes in it) sizes the
+    frame to its content."""
+    frame_id = frame_id or "sandbox-frame-" + secrets.token_hex(8)
+    document = (
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_FRAME_POLICY}\">"
+        f"<script>{_SIZER}</script>"
+        "<style>body{margin:0;font-family:system-ui,sans-serif;font-size:13px}</style>"
+        f"</head><body>{markup}</body></html>"
+    )
+    page_script = (
+        "(function(){var f=document.getElementById('" + frame_id + "');if(!f)return;"
+        "window.addEventListener('message',function(e){if(!f.isConnected||"
+        "e.source!==f.contentWindow||!e.data)return;var h=e.data.sandboxFrameHeight;"
+        "if(typeof h==='number'&&isFinite(h))f.style.height=Math.min(Math.max(h,16),5000)+'px';"
+        "});})();"
+    )
+    return (
+        f"<iframe id=\"{frame_id}\" class=\"sandbox-output\" sandbox=\"allow-scripts\" "
+        "referrerpolicy=\"no-referrer\" title=\"output of a sandboxed cell\" "
+        "style=\"width:100%;height:120px;border:0;display:block\" "
+        f"srcdoc=\"{html.escape(document, quote=True)}\"></iframe>"
+        f"<script>{page_script}</script>"
+    )
+
+
+def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The bundle that may cross into the notebook page (see the module's docstring)."""
+    out: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    plain = clean_text(data.get("text/plain", "")) if isinstance(data.get("text/plain"), str) else ""
+    for mime in _IMAGES:
+        value = data.get(mime)
+        if isinstance(value, str) and (image := _base64_image(value)) is not None:
+            out[mime] = image
+            if found := _image_metadata(metadata, mime):
+                meta[mime] = found
+    if isinstance(data.get("application/json"), (dict, list)):
+        try:
+            out["application/json"] = json.loads(json.dumps(data["application/json"]))
+        except (TypeError, ValueError, RecursionError):
+            pass
+    markup = data.get("text/html")
+    svg = data.get("image/svg+xml")
+    if isinstance(markup, str):
+        out["text/html"] = isolated_html(markup)
+    elif isinstance(svg, str):
+        source = base64.b64encode(svg.encode("utf-8", "replace")).decode("ascii")
+        out["text/html"] = (f"<img alt=\"SVG from a sandboxed cell\" "
+                            f"src=\"data:image/svg+xml;base64,{source}\">")
+    markdown = data.get("text/markdown")
+    if isinstance(markdown, str) and _markdown_is_inert(markdown):
+        out["text/markdown"] = clean_text(markdown)
+    latex = data.get("text/latex")
+    if isinstance(latex, str) and "<" not in latex and not _LATEX_ACTIVE.search(latex):
+        out["text/latex"] = clean_text(latex)
+    if _WIDGET in data:
+        plain = (plain + "\n" if plain else "") + WIDGET_NOTE
+    if not plain and not out:
+        dropped = ", ".join(sorted(str(m) for m in data)[:8]) or "nothing"
+        plain = f"[sandbox] a display in a format not shown here ({clean_text(dropped, 200)})"
+    out["text/plain"] = plain
+    return out, meta
+
+
+def namespaced_display_id(session: str, display_id: Any) -> str | None:
+    """A sandbox's display id, made unique to its session: it can update only its own
+    displays, never one of the kernel's (an approval widget, the gauges)."""
+    if display_id is None:
+        return None
+    if not isinstance(display_id, str) or not 0 < len(display_id) <= 256:
+        raise ValueError("a display id must be text of 1 to 256 characters")
+    digest = hashlib.sha256(f"{session}\0{display_id}".encode()).hexdigest()[:32]
+    return f"sandbox-{digest}"
+
+
+# -- errors ---------------------------------------------------------------------------------------
+_RED, _GREEN, _CYAN, _RESET = "\x1b[0;31m", "\x1b[0;32m", "\x1b[0;36m", "\x1b[0m"
+
+
+def format_error(error: Any) -> tuple[str, str, list[str]]:
+    """(ename, evalue, traceback lines) from a session's error report, formatted the way
+    IPython shows a cell's exception (`Cell In[n], line L` and the lines around it). Every
+    piece of text is the sandbox's and is cleaned; the layout and colours are ours."""
+    if not isinstance(error, dict):
+        raise ValueError("an error report must be an object")
+    ename = clean_text(error.get("ename", "Error"), 200) or "Error"
+    evalue = clean_text(error.get("evalue", ""), 10_000)
+    frames = error.get("frames")
+    if not isinstance(frames, list):
+        raise ValueError("an error report needs a list of frames")
+    lines = [f"{_RED}{'-' * 75}{_RESET}",
+             f"{_RED}{ename}{_RESET}{' ' * max(1, 42 - len(ename))}Traceback (most recent call last)"]
+    for frame in frames[-MAX_TRACEBACK_FRAMES:]:
+        if not isinstance(frame, dict):
+            raise ValueError("a traceback frame must be an object")
+        lines.append(_format_frame(frame))
+    lines.append(f"{_RED}{ename}{_RESET}: {evalue}" if evalue else f"{_RED}{ename}{_RESET}")
+    return ename, evalue, lines
+
+
+def _format_frame(frame: dict[str, Any]) -> str:
+    lineno = frame.get("lineno")
+    lineno = lineno if isinstance(lineno, int) and not isinstance(lineno, bool) else 0
+    cell = frame.get("cell")
+    name = clean_text(frame.get("name") or "", 200)
+    if isinstance(cell, int) and not isinstance(cell, bool):
+        head = f"Cell {_GREEN}In[{cell}], line {lineno}{_RESET}"
+        if name and name != "<module>":
+            head += f", in {_CYAN}{name}(){_RESET}"
+    else:
+        head = (f"File {_GREEN}{clean_text(frame.get('filename', '?'), 500)}:{lineno}{_RESET}"
+                + (f", in {_CYAN}{name}{_RESET}" if name else ""))
+    body = []
+    source = frame.get("lines")
+    for entry in source if isinstance(source, list) else ():
+        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], int)
+                or not isinstance(entry[1], str)):
+            continue
+        number, text = entry
+        marker = f"{_GREEN}----> {number}{_RESET}" if number == lineno else f"      {number}"
+        body.append(f"{marker} {clean_text(text, 500)}")
+    return "\n".join([head, *body]) + "\n"

@@ -1,0 +1,333 @@
+"""A stateful code interpreter under confinement: one long-lived confined Python process whose
+cells share their variables, imports, functions and open files.
+
+`SandboxManager.start_session(sandbox_id)` starts one; `PythonSession.run_cell(code)` runs a
+cell and returns a `SandboxResult` with its streams, displays (`outputs`), error and usage.
+Budgets: memory is the session's (the process tree's resident memory, checked while a cell
+runs); CPU and wall time count per cell. A breach ends the session: its process tree is
+killed, and the result says so (`killed` starts with "session ended"). `interrupt()` raises
+KeyboardInterrupt in the running cell, which keeps the session; a cell that does not stop
+within `interrupt_grace` seconds ends the session.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from ...policy.errors import SandboxError
+from ...policy.models import SandboxResult
+from .control import CellEvents, ControlChannel, InputCallback
+from .display import DisplayOutput
+from .launcher_client import SpawnedChild
+from .monitor import ResourceMonitor, sample_tree
+from .plumbing import OutputCallback, OutputStream, Plumbing, drain
+
+if TYPE_CHECKING:
+    import socket
+
+    from .manager import SandboxManager, StartCallback, _Sandbox
+
+__all__ = ["PythonSession", "SessionEnded", "DisplayCallback"]
+
+DisplayCallback = Callable[[DisplayOutput], None]
+INTERRUPT_GRACE = 3.0  # seconds a cell has to stop after an interrupt before the session ends
+
+
+class SessionEnded(SandboxError):
+    """The session's process is gone (a breach, a kill, `close()`): start a new one."""
+
+
+class PythonSession:
+    """One confined Python process serving cells in order (not thread-safe for two cells at
+    once: a second `run_cell` while one runs raises SandboxError)."""
+
+    interrupt_grace = INTERRUPT_GRACE
+
+    def __init__(self, manager: SandboxManager, sandbox: _Sandbox, child: SpawnedChild,
+                 plumbing: Plumbing, listener: socket.socket | None, started: float) -> None:
+        self.session_id = str(uuid.uuid4())
+        self.sandbox_id = sandbox.sandbox_id
+        self._manager, self._sandbox, self._child = manager, sandbox, child
+        self._plumbing, self._listener = plumbing, listener
+        self.started_at = time.time()
+        self._started = started
+        self.cells_run = 0
+        self.end_reason: str | None = None
+        self._monitor: ResourceMonitor | None = None
+        self._lock = threading.Lock()
+        self._busy = False
+        self._interrupted = False
+        self._control: ControlChannel = manager.control_channel(
+            sandbox, child, plumbing.take_control(), lambda: self._monitor, CellEvents())
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.end_reason is None and not self._child.exited.is_set()
+
+    @property
+    def state(self) -> str:
+        """"running" (a cell), "idle", or "ended"."""
+        if not self.alive:
+            return "ended"
+        return "running" if self._busy else "idle"
+
+    @property
+    def pid(self) -> int:
+        return self._child.pid
+
+    def memory_mb(self) -> float:
+        """The session's resident memory now (its whole process tree), 0 once ended."""
+        if not self.alive:
+            return 0.0
+        try:
+            sample = sample_tree(psutil.Process(self._child.pid))
+        except psutil.Error:
+            return 0.0
+        return round(sample[1], 1) if sample else 0.0
+
+    def info(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "sandbox_id": self.sandbox_id,
+                "state": self.state, "pid": self.pid if self.alive else None,
+                "uptime_seconds": round(time.time() - self.started_at, 1),
+                "cells_run": self.cells_run, "memory_mb": self.memory_mb(),
+                "end_reason": self.end_reason}
+
+    # -- running ----------------------------------------------------------------------------
+    def run_cell(
+        self,
+        code: str,
+        *,
+        inputs: dict[str, Any] | None = None,
+        outputs: Any = (),
+        timeout: float = 30.0,
+        cell: int | None = None,
+        on_output: OutputCallback | None = None,
+        on_display: DisplayCallback | None = None,
+        on_input: InputCallback | None = None,
+        on_start: StartCallback | None = None,
+    ) -> SandboxResult:
+        """Run `code` in the session; wait for it to finish, be interrupted or end the session.
+
+        `inputs` are pickled in from this side; `outputs` names variables to bring back as
+        JSON-safe data (no other name crosses). `cell` is the number tracebacks show
+        (`Cell In[n]`; default: the session's count). `on_display(DisplayOutput)` gets each
+        display, already made safe (`display.safe_bundle`), as it happens; `on_input(prompt,
+        password)` answers `input()` (raise EOFError to refuse, with the reason).
+        """
+        if not isinstance(code, str):
+            raise SandboxError("code must be a string")
+        if not timeout > 0:
+            raise SandboxError(f"timeout must be positive, got {timeout!r}")
+        outputs = list(outputs)
+        try:
+            packed = base64.b64encode(pickle.dumps(dict(inputs or {}))).decode("ascii")
+        except Exception as exc:  # noqa: BLE001
+            raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
+        if not self.alive:
+            self._end("its process exited")
+        with self._lock:
+            if not self.alive:
+                raise SessionEnded(f"the session has ended ({self.end_reason or 'its process exited'}); "
+                                   "start a new one")
+            if self._busy:
+                raise SandboxError("the session is running another cell")
+            self._busy, self._interrupted = True, False
+        number = cell if cell is not None else self.cells_run + 1
+        try:
+            return self._run(code, packed, outputs, timeout, number, on_output, on_display,
+                             on_input, on_start)
+        finally:
+            self._busy = False
+
+    def _run(self, code: str, packed: str, outputs: list[str], timeout: float, number: int,
+             on_output: OutputCallback | None, on_display: DisplayCallback | None,
+             on_input: InputCallback | None, on_start: StartCallback | None) -> SandboxResult:
+        manager, sandbox, child = self._manager, self._sandbox, self._child
+        limits = sandbox.capability.resource_limits
+        cap = int(limits.max_output_mb * 1024 * 1024)
+        streams = {self._plumbing.stdout: OutputStream("stdout", cap, on_output),
+                   self._plumbing.stderr: OutputStream("stderr", cap, on_output)}
+        events = CellEvents(outputs, on_display=self._in_order(streams, on_display),
+                            on_input=self._waiting_for(on_input), session=self.session_id,
+                            cell=number)
+        self._control.events = events
+        baseline = sample_tree(_process(child.pid))
+        monitor = ResourceMonitor(
+            limits, interval=manager.monitor_interval, timeout=timeout,
+            on_breach=lambda reason: manager._breach(sandbox, child, reason),
+            max_paused=manager.broker.timeout or 600.0,
+            cpu_baseline=baseline[0] if baseline else 0.0,
+        )
+        self._monitor = sandbox.monitor = monitor
+        egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
+        started = time.monotonic()
+        sandbox.kill_reason = None
+        try:
+            monitor.start(child.pid, started_at=started)
+            if on_start is not None:
+                on_start(monitor)
+            self._control.send_command({"type": "run", "cell": number, "code": code,
+                                        "inputs": packed, "outputs": outputs})
+            self._pump(streams, monitor, timeout, events)
+        except OSError as exc:  # the control socket is gone: so is the session
+            manager._breach(sandbox, child, f"the session's process is gone ({exc.strerror})")
+        except BaseException:
+            manager._breach(sandbox, child, "interrupted")
+            child.exited.wait(timeout=10)
+            self._end("interrupted")
+            raise
+        finally:
+            monitor.stop()
+            self._monitor = sandbox.monitor = None
+        self.cells_run += 1
+        if not events.done.is_set():
+            drain(streams)
+            child.exited.wait(timeout=10)
+            self._end(sandbox.kill_reason or monitor.exceeded() or "its process exited")
+        return self._result(streams, events, monitor, started, egress_before)
+
+    def _pump(self, streams: dict[int, OutputStream], monitor: ResourceMonitor, timeout: float,
+              events: CellEvents) -> None:
+        """Until the cell is done or the session gone; an interrupt asks the cell to stop,
+        and ends the session if it does not within `interrupt_grace` (or on a second one)."""
+        try:
+            self._manager._pump(self._child, streams, self._control, monitor, timeout,
+                                self._sandbox, until=events.done.is_set)
+            return
+        except KeyboardInterrupt:
+            self.interrupt()
+        deadline = time.monotonic() + self.interrupt_grace
+        try:
+            self._manager._pump(self._child, streams, self._control, monitor, timeout,
+                                self._sandbox,
+                                until=lambda: events.done.is_set() or time.monotonic() > deadline)
+        except KeyboardInterrupt:
+            pass  # a second interrupt: end it now
+        if not events.done.is_set():
+            self._manager._breach(self._sandbox, self._child,
+                                  f"interrupted, and the cell did not stop within "
+                                  f"{self.interrupt_grace:g} s")
+            self._manager._pump(self._child, streams, self._control, monitor, timeout,
+                                self._sandbox)
+
+    def interrupt(self) -> bool:
+        """KeyboardInterrupt in the running cell (the session and its variables stay)."""
+        self._interrupted = True
+        return self._child.send_signal(signal.SIGINT)
+
+    @staticmethod
+    def _in_order(streams: dict[int, OutputStream],
+                  on_display: DisplayCallback | None) -> DisplayCallback | None:
+        """Text the cell printed before a display is passed on before it."""
+        if on_display is None:
+            return None
+
+        def forward(output: DisplayOutput) -> None:
+            drain(streams)
+            on_display(output)
+
+        return forward
+
+    def _waiting_for(self, on_input: InputCallback | None) -> InputCallback | None:
+        """While a person types an answer, the cell's clock stops (as for an approval)."""
+        if on_input is None:
+            return None
+
+        def ask(prompt: str, password: bool) -> str:
+            monitor = self._monitor
+            if monitor is not None:
+                monitor.pause_clock()
+            try:
+                return on_input(prompt, password)
+            finally:
+                if monitor is not None:
+                    monitor.resume_clock()
+
+        return ask
+
+    def _result(self, streams: dict[int, OutputStream], events: CellEvents,
+                monitor: ResourceMonitor, started: float,
+                egress_before: dict[str, int]) -> SandboxResult:
+        usage = monitor.snapshot()
+        for key in ("elapsed_seconds", "approval_wait_seconds", "cpu_seconds"):
+            usage[key] = round(usage[key], 4)
+        usage["wall_seconds"] = round(time.monotonic() - started, 4)
+        usage["session_memory_mb"] = round(usage.get("memory_mb", 0.0), 2)
+        sandbox = self._sandbox
+        if sandbox.proxy is not None:
+            for name, count in sandbox.proxy.counts.items():
+                usage[f"egress_{name}"] = count - egress_before.get(name, 0)
+        dropped = {s.name: s.dropped for s in streams.values() if s.dropped}
+        if dropped:
+            usage["output_dropped_bytes"] = dropped
+        if events.dropped_displays:
+            usage["displays_dropped"] = events.dropped_displays
+        sandbox.last_usage = usage
+        stdout, stderr = (s.text() for s in streams.values())
+        killed = None
+        error = None
+        if self.end_reason is not None:
+            killed = f"session ended: {self.end_reason}; its variables are gone"
+            stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + f"[sandbox] {killed}\n"
+        elif events.error is not None:
+            ename, evalue, traceback = events.error
+            error = {"ename": ename, "evalue": evalue, "traceback": traceback}
+        exit_code = -1 if killed else (1 if error else 0)
+        return SandboxResult(
+            exit_code=exit_code, stdout=stdout, stderr=stderr,
+            duration_ms=(time.monotonic() - started) * 1000, resource_usage=usage,
+            killed=killed, variables={} if killed else (events.variables or {}),
+            outputs=[_output_json(output) for output in events.displays], error=error,
+        )
+
+    # -- ending -----------------------------------------------------------------------------
+    def _end(self, reason: str) -> None:
+        """The process is gone (or going): release what the session held, once."""
+        with self._lock:
+            if self.end_reason is not None and self._plumbing is None:
+                return
+            self.end_reason = self.end_reason or reason
+            plumbing, self._plumbing = self._plumbing, None
+        self._manager._session_ended(self, self._child, plumbing, self._control, self._listener)
+
+    def close(self, reason: str = "closed") -> None:
+        """End the session: its whole process tree is killed. Idempotent."""
+        if self._plumbing is None:
+            return
+        self._manager._breach(self._sandbox, self._child, reason)
+        self._child.exited.wait(timeout=10)
+        self._end(reason)
+
+    def __enter__(self) -> PythonSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _output_json(output: DisplayOutput) -> dict[str, Any]:
+    entry: dict[str, Any] = {"kind": output.kind}
+    if output.kind == "clear":
+        entry["wait"] = output.wait
+    else:
+        entry.update(data=output.data, metadata=output.metadata)
+        if output.display_id is not None:
+            entry["display_id"] = output.display_id
+    return entry
