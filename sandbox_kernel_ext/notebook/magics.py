@@ -35,7 +35,7 @@ from ..policy.parser import CapabilityParser
 
 __all__ = ["SandboxCellError", "SandboxMagics", "Table"]
 
-SUBCOMMANDS = ("status", "policy", "list", "log", "reset")
+SUBCOMMANDS = ("status", "policy", "list", "log", "reset", "restart")
 # The `%%sandbox` option that carries each field a NarrowingError names.
 _OPTION_OF = {
     "max_memory_mb": "--memory", "max_cpu_seconds": "--cpu", "timeout": "--timeout",
@@ -48,16 +48,65 @@ _DECIDED = {Decision.allow_once: "approved once",
 
 
 class SandboxCellError(Exception):
-    """A sandboxed cell failed or was killed. Shown as one line: the child's own traceback is
-    already in the cell's output, and the kernel-side frames would only hide the reason."""
+    """A sandboxed cell failed or was killed. Shown as the sandboxed code's own traceback (a
+    session's cell), else as one line: a one-shot child's traceback is already in the cell's
+    output, and the kernel-side frames would only hide the reason."""
 
-    def __init__(self, message: str, result: SandboxResult | None = None) -> None:
+    def __init__(self, message: str, result: SandboxResult | None = None,
+                 traceback: list[str] | None = None) -> None:
         super().__init__(message)
         self.result = result
+        self.traceback = traceback
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows this list instead of a traceback (as it does for its own errors).
+        if self.traceback:
+            return list(self.traceback)
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class SandboxValue:
+    """A session cell's last expression's value, as the kernel shows it (`Out[n]`): the
+    bundle the sandbox sent, already made safe by the runner. The object itself stays in
+    the sandbox; bring data back with -o."""
+
+    def __init__(self, result: SandboxResult) -> None:
+        found = [o for o in result.outputs if o.get("kind") == "result"]
+        self.data: dict[str, Any] = found[-1]["data"] if found else {}
+        self.metadata: dict[str, Any] = found[-1].get("metadata", {}) if found else {}
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        return dict(self.data), dict(self.metadata)
+
+    def __repr__(self) -> str:
+        return str(self.data.get("text/plain", ""))
+
+
+def publish(output: Any) -> None:
+    """Show one display of a sandboxed cell (already made safe by the runner) in this
+    kernel's output; the cell's result waits for the end of the cell, to be its Out[n]."""
+    from IPython.display import clear_output, publish_display_data
+
+    if output.kind == "clear":
+        clear_output(wait=output.wait)
+    elif output.kind in ("display", "update"):
+        transient = {"display_id": output.display_id} if output.display_id else None
+        publish_display_data(output.data, output.metadata, transient=transient,
+                             update=output.kind == "update")
+
+
+def ask_person(prompt: str, password: bool) -> str:
+    """`input()`/`getpass()` of a sandboxed cell, asked the way this kernel asks: the
+    notebook's stdin channel (ipykernel puts it behind `input`), or the terminal."""
+    import getpass
+
+    from IPython.core.error import StdinNotImplementedError
+
+    try:
+        return getpass.getpass(prompt) if password else input(prompt)
+    except StdinNotImplementedError:
+        raise EOFError("input() in a sandboxed cell cannot be answered here: this frontend "
+                       "takes no input (as under nbclient or papermill)") from None
 
 
 @dataclass
@@ -100,12 +149,23 @@ class Table:
 
 @dataclass
 class _Current:
-    """The session's one sandbox and the policy it was made from."""
+    """A sandbox and the policy it was made from: the one one-shot cells (--shell, --fresh)
+    run in, or a session's."""
 
     sandbox_id: str
     key: str
     policy: CapabilityDeclaration
     source: str
+    narrowing: str = ""  # the cell options that made this policy, as the user wrote them
+
+
+@dataclass
+class _Session:
+    """A named confined session under one effective policy (made on first use)."""
+
+    name: str
+    sandbox: _Current
+    session: Any = None  # the PythonSession while it lives
 
 
 class _Resources:
@@ -121,6 +181,7 @@ class _Resources:
         self.headless_decision = headless_decision  # the responder a closed session leaves
         self.manager: Any = None
         self.current: _Current | None = None
+        self.sessions: dict[tuple[str, str], _Session] = {}
         self.workspace: str | None = None
         self.egress_history: list[dict[str, Any]] = []  # of sandboxes already destroyed
 
@@ -136,8 +197,21 @@ class _Resources:
         if self.current is None:
             return
         sandbox_id, self.current = self.current.sandbox_id, None
+        self.destroy(sandbox_id)
+
+    def destroy(self, sandbox_id: str) -> None:
         self.egress_history += self.egress_of(sandbox_id)
         self.manager.destroy(sandbox_id)
+
+    def drop_sessions(self, name: str | None = None) -> list[str]:
+        """End the sessions called `name` (all when None) and their sandboxes; their names."""
+        dropped = []
+        for key, entry in list(self.sessions.items()):
+            if name is None or entry.name == name:
+                del self.sessions[key]
+                dropped.append(entry.name)
+                self.destroy(entry.sandbox.sandbox_id)
+        return dropped
 
     def close(self) -> None:
         """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
@@ -145,6 +219,7 @@ class _Resources:
         try:
             if self.manager is not None:
                 try:
+                    self.drop_sessions()
                     self.drop_sandbox()
                 finally:
                     manager, self.manager = self.manager, None
@@ -179,6 +254,25 @@ def _unquoted(text: str) -> str:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+def _narrowing_text(args: Any) -> str:
+    """The options that narrowed a cell's policy, as a person would write them."""
+    parts = [f"--{name} {value:g}" for name, value in
+             (("timeout", args.timeout), ("memory", args.memory), ("cpu", args.cpu))
+             if value is not None]
+    for option in ("allow_read", "allow_write", "allow_net"):
+        parts += [f"--{option.replace('_', '-')} {value}" for value in getattr(args, option)]
+    return " ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds // 60 % 60} min"
 
 
 def _clock(timestamp: float | None) -> str:
@@ -297,19 +391,42 @@ class SandboxMagics(Magics):
         return (CapabilityDeclaration.workspace_only(self.workspace),
                 f"built-in default (workspace {self.workspace})")
 
-    def _sandbox_for(self, policy: CapabilityDeclaration, source: str) -> str:
-        """The session's sandbox, re-made when the effective policy changes."""
-        key = json.dumps([policy.model_dump(mode="json"), str(policy.base_path),
-                          [rule.rate_windows for rule in policy.network_egress_rules]],
-                         sort_keys=True)
+    @staticmethod
+    def _policy_key(policy: CapabilityDeclaration) -> str:
+        return json.dumps([policy.model_dump(mode="json"), str(policy.base_path),
+                           [rule.rate_windows for rule in policy.network_egress_rules]],
+                          sort_keys=True)
+
+    def _new_sandbox(self, policy: CapabilityDeclaration, source: str,
+                     narrowing: str) -> _Current:
+        key = self._policy_key(policy)
+        sandbox_id = self.manager.create_sandbox(policy)
+        self._sandboxes_seen.append(sandbox_id)
+        return _Current(sandbox_id, key, policy, source, narrowing)
+
+    def _sandbox_for(self, policy: CapabilityDeclaration, source: str, narrowing: str = "") -> str:
+        """The one-shot cells' sandbox, re-made when the effective policy changes."""
         resources = self._resources
-        if resources.current is not None and resources.current.key == key:
+        if resources.current is not None and resources.current.key == self._policy_key(policy):
             return resources.current.sandbox_id
         resources.drop_sandbox()
-        sandbox_id = self.manager.create_sandbox(policy)
-        resources.current = _Current(sandbox_id, key, policy, source)
-        self._sandboxes_seen.append(sandbox_id)
-        return sandbox_id
+        resources.current = self._new_sandbox(policy, source, narrowing)
+        return resources.current.sandbox_id
+
+    def _session_for(self, name: str, policy: CapabilityDeclaration, source: str,
+                     narrowing: str) -> Any:
+        """The live session `name` under this effective policy, started if needed (a new
+        one after the last ended)."""
+        key = (name, self._policy_key(policy))
+        entry = self._resources.sessions.get(key)
+        if entry is None:
+            entry = _Session(name, self._new_sandbox(policy, source, narrowing))
+            self._resources.sessions[key] = entry
+        if entry.session is None or not entry.session.alive:
+            if entry.session is not None:
+                entry.session.close()
+            entry.session = self.manager.start_session(entry.sandbox.sandbox_id)
+        return entry.session
 
     def close(self) -> None:
         """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
@@ -334,6 +451,12 @@ class SandboxMagics(Magics):
                               "(only if SandboxMagics.allow_policy_override is True).")
     @magic_arguments.argument("--shell", action="store_true",
                               help="Run the cell as a /bin/sh script instead of Python.")
+    @magic_arguments.argument("--session", metavar="NAME", default="default",
+                              help="Run in the named session (each name is an independent "
+                              "process with its own variables; default: 'default').")
+    @magic_arguments.argument("--fresh", action="store_true",
+                              help="Run this cell alone in a new process that ends with it "
+                              "(no variables from or for other cells).")
     @magic_arguments.argument_group("Narrowing (options only narrow the session's policy)")
     @magic_arguments.argument("--timeout", type=float, metavar="S",
                               help="Wall-clock limit in seconds (only lower than "
@@ -376,30 +499,30 @@ class SandboxMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.sandbox_cell, line)
         inputs, outputs = self._variables(args)
+        if args.shell and (args.fresh or args.session != "default"):
+            raise UsageError("--session and --fresh are for Python cells; a --shell cell "
+                             "always runs on its own")
         policy, source, timeout = self._effective(args)
-        try:
-            sandbox_id = self._sandbox_for(policy, source)
-        except SandboxError as exc:
-            raise SandboxCellError(f"cannot create the sandbox: {exc}") from None
+        narrowing = _narrowing_text(args)
         if args.shell:
             self._check_shell(cell)
-        run = _Run(self, args, sandbox_id, None if args.quiet else policy, timeout)
+        run = _Run(self, args, None if args.quiet else policy, timeout)
         hooks = run.start()
         try:
             if args.shell:
+                sandbox_id = self._one_shot_sandbox(policy, source, narrowing)
                 result = self.manager.execute(sandbox_id, ["/bin/sh", "-c", cell], timeout,
                                               on_output=run.on_output, **hooks)
             else:
-                result = self.manager.run_python(
-                    sandbox_id, cell, inputs=inputs, outputs=outputs, timeout=timeout,
-                    on_output=run.on_output, **hooks)
+                result = self._run_python(args, cell, policy, source, narrowing, inputs,
+                                          outputs, timeout, run, hooks)
         except KeyboardInterrupt:
             run.finish(None, "interrupted")
             message = "interrupted: the sandboxed cell and all its processes were killed"
             if args.raise_error:
                 raise SandboxCellError(message) from None
             print(f"[sandbox] {message}", file=sys.stderr)
-            return
+            return None
         except SandboxError as exc:
             run.finish(None, f"failed: {exc}")
             raise SandboxCellError(str(exc)) from None
@@ -409,13 +532,47 @@ class SandboxMagics(Magics):
         self.last_result = result
         run.finish(result, _outcome(result))
         if result.exit_code == 0 and result.killed is None:
-            self.shell.user_ns.update(result.variables)
-            return
+            # Only the names this cell's -o asked for, whatever the result carries.
+            self.shell.user_ns.update({name: result.variables[name] for name in outputs
+                                       if name in result.variables})
+            return None if result.result is None else SandboxValue(result)
         message = _failure(result, shell=args.shell)
+        traceback = (result.error or {}).get("traceback")
         if args.raise_error:
-            raise SandboxCellError(message, result)
-        if result.killed is not None and not args.err:
+            raise SandboxCellError(message, result, traceback)
+        if traceback:
+            print("\n".join(traceback), file=sys.stderr)
+        elif result.killed is not None and not args.err:
             print(f"[sandbox] killed: {result.killed}", file=sys.stderr)
+        return None
+
+    def _one_shot_sandbox(self, policy: CapabilityDeclaration, source: str, narrowing: str) -> str:
+        try:
+            return self._sandbox_for(policy, source, narrowing)
+        except SandboxError as exc:
+            raise SandboxCellError(f"cannot create the sandbox: {exc}") from None
+
+    def _run_python(self, args: Any, cell: str, policy: CapabilityDeclaration, source: str,
+                    narrowing: str, inputs: dict[str, Any], outputs: list[str], timeout: float,
+                    run: _Run, hooks: dict[str, Any]) -> SandboxResult:
+        """In the cell's session (started if needed), or with --fresh in a session of its own
+        that ends with the cell."""
+        options = dict(inputs=inputs, outputs=outputs, timeout=timeout,
+                       cell=self.shell.execution_count, on_output=run.on_output,
+                       on_display=publish, on_input=ask_person, **hooks)
+        try:
+            if args.fresh:
+                session = self.manager.start_session(
+                    self._one_shot_sandbox(policy, source, narrowing))
+            else:
+                session = self._session_for(args.session, policy, source, narrowing)
+        except SandboxError as exc:
+            raise SandboxCellError(f"cannot start the session: {exc}") from None
+        try:
+            return session.run_cell(cell, **options)
+        finally:
+            if args.fresh:
+                session.close()
 
     def _variables(self, args: Any) -> tuple[dict[str, Any], list[str]]:
         inputs = _names(args.input, "-i/--input")
@@ -473,17 +630,30 @@ class SandboxMagics(Magics):
     # -- %sandbox ---------------------------------------------------------------------------------
     @line_magic("sandbox")
     def sandbox_line(self, line: str) -> Any:
-        """%sandbox status | policy | list | log | reset
+        """%sandbox status | policy | list | log | reset | restart [NAME]
 
         status: which confinement layers this host enforces. policy: the session's policy.
-        list: the session's sandboxes. log: approvals and egress decisions of this session.
-        reset: forget the approvals given "for this session".
+        list: the confined sessions (policy, uptime, cells run, memory, state). log: approvals
+        and egress decisions of this session. reset: forget the approvals given "for this
+        session". restart [NAME]: end the sessions called NAME (all without one); the next
+        cell starts afresh.
         """
         words = line.split()
-        if len(words) != 1 or words[0] not in SUBCOMMANDS:
+        if words[:1] == ["restart"] and len(words) <= 2:
+            return self._restart(words[1] if len(words) == 2 else None)
+        if len(words) != 1 or words[0] not in SUBCOMMANDS or words[0] == "restart":
             raise UsageError(f"%sandbox takes one of: {', '.join(SUBCOMMANDS)} "
                              f"(got {line.strip()!r}); run %%sandbox? for the cell magic")
         return getattr(self, f"_show_{words[0]}")()
+
+    def _restart(self, name: str | None) -> None:
+        known = {entry.name for entry in self._resources.sessions.values()}
+        if name is not None and name not in known:
+            raise UsageError(f"%sandbox restart: no session called {name!r} "
+                             f"(sessions: {', '.join(sorted(known)) or 'none yet'})")
+        dropped = self._resources.drop_sessions(name) if self._resources.manager else []
+        what = ", ".join(sorted(set(dropped))) or "none were running"
+        print(f"Ended {len(dropped)} session(s) ({what}); the next %%sandbox cell starts afresh.")
 
     def _show_status(self) -> Table:
         from ..runner.trusted.isolation import isolation_report
@@ -514,15 +684,21 @@ class SandboxMagics(Magics):
 
     def _show_list(self) -> Table:
         rows = []
-        manager, current = self._resources.manager, self._resources.current
-        if manager is not None:
-            for entry in manager.list_sandboxes():
-                sid = entry["sandbox_id"]
-                rows.append([sid[:8], getattr(entry["status"], "value", str(entry["status"])),
-                             str(entry["runs"]), str(entry["pid"] or ""),
-                             current.source if current and sid == current.sandbox_id else ""])
-        return Table("Sandboxes of this session", ["sandbox", "state", "runs", "pid", "policy"],
-                     rows)
+        for entry in self._resources.sessions.values():
+            session = entry.session
+            info = session.info() if session is not None else {}
+            state = info.get("state", "not started")
+            if state == "ended" and info.get("end_reason"):
+                state += f" ({info['end_reason']})"
+            policy = entry.sandbox.source + (f"; {entry.sandbox.narrowing}"
+                                             if entry.sandbox.narrowing else "")
+            rows.append([entry.name, policy, _duration(info.get("uptime_seconds", 0)),
+                         str(info.get("cells_run", 0)), f"{info.get('memory_mb', 0.0):.1f} MB",
+                         state])
+        return Table("Confined sessions", ["session", "policy", "uptime", "cells", "memory",
+                                           "state"], rows,
+                     ["A cell runs in the session named by --session (default 'default') under "
+                      "its effective policy; --fresh and --shell cells run on their own."])
 
     def _show_log(self) -> Table:
         from .approval_widget import CLICKED_BY, asker
@@ -559,10 +735,10 @@ class SandboxMagics(Magics):
 class _Run:
     """One run's output routing and gauges: what the cell shows while the child works."""
 
-    def __init__(self, magics: SandboxMagics, args: Any, sandbox_id: str,
+    def __init__(self, magics: SandboxMagics, args: Any,
                  gauged: CapabilityDeclaration | None, timeout: float) -> None:
         """`gauged`: the policy whose limits the gauges show; None shows no gauges."""
-        self.magics, self.args, self.sandbox_id = magics, args, sandbox_id
+        self.magics, self.args = magics, args
         self.captured: dict[str, list[str] | None] = {
             "stdout": [] if args.out else None, "stderr": [] if args.err else None}
         self.panel = None if gauged is None else _gauge_panel(gauged, timeout)
@@ -628,13 +804,19 @@ def _close(responder: Any) -> None:
 def _outcome(result: SandboxResult) -> str:
     if result.killed is not None:
         return f"killed: {result.killed}"
+    if result.error is not None:
+        return f"failed: {result.error.get('ename', 'error')}"
     return "finished" if result.exit_code == 0 else f"failed: exit code {result.exit_code}"
 
 
 def _failure(result: SandboxResult, *, shell: bool) -> str:
-    """One line: the kill reason, else the exit code and the last line the child wrote."""
+    """One line: the kill reason, the error, else the exit code and the last line the child
+    wrote."""
     if result.killed is not None:
         return f"sandboxed cell killed: {result.killed}"
+    if result.error is not None:
+        evalue = result.error.get("evalue", "")
+        return f"{result.error.get('ename', 'error')}" + (f": {evalue}" if evalue else "")
     last = next((line.strip() for line in reversed(result.stderr.splitlines()) if line.strip()), "")
     what = "shell script" if shell else "cell"
     return f"sandboxed {what} failed (exit code {result.exit_code})" + (f": {last}" if last else "")

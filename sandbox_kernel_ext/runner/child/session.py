@@ -95,6 +95,9 @@ def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
         if unwritten:
             raise PermissionError("; ".join(unwritten) + " (the file was never closed by the "
                                   "cell, so this could not be raised where it was written)")
+    except SystemExit as exc:  # ends the cell, not the session, as in a kernel
+        if exc.code not in (None, 0):
+            error = error_report(exc)
     except BaseException as exc:  # noqa: BLE001 - the cell's error, shown as a kernel shows it
         error = error_report(exc)
         try:

@@ -189,6 +189,8 @@ class PythonSession:
         finally:
             monitor.stop()
             self._monitor = sandbox.monitor = None
+            # Frames between cells find no cell (and the callers' objects are let go).
+            self._control.events = CellEvents(session=self.session_id, cell=-1)
         self.cells_run += 1
         if not events.done.is_set():
             drain(streams)
@@ -282,7 +284,7 @@ class PythonSession:
         elif events.error is not None:
             ename, evalue, traceback = events.error
             error = {"ename": ename, "evalue": evalue, "traceback": traceback}
-        exit_code = -1 if killed else (1 if error else 0)
+        exit_code = -1 if killed else (_exit_code(error) if error else 0)
         return SandboxResult(
             exit_code=exit_code, stdout=stdout, stderr=stderr,
             duration_ms=(time.monotonic() - started) * 1000, resource_usage=usage,
@@ -313,6 +315,16 @@ class PythonSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _exit_code(error: dict[str, Any]) -> int:
+    """1 for an error; `sys.exit(n)` in a cell gives n (as the process would have)."""
+    if error["ename"] == "SystemExit":
+        try:
+            return int(error["evalue"]) or 1
+        except ValueError:
+            return 1
+    return 1
 
 
 def _process(pid: int) -> psutil.Process | None:
