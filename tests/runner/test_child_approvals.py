@@ -110,8 +110,24 @@ def _wait_for_control_threads() -> None:
             assert not thread.is_alive()
 
 
-def _sandbox_processes() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == 65534]
+def _sandbox_processes(manager: SandboxManager) -> list[psutil.Process]:
+    """Sandbox-uid processes this test's manager started: its launcher's descendants (the
+    launcher is a child subreaper, so one the runner failed to kill stays among them). Not
+    every uid-65534 process on the host: another sandbox may be running beside the tests."""
+    if manager.launcher_pid is None:
+        return []
+    try:
+        tree = psutil.Process(manager.launcher_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for process in tree:
+        try:
+            if process.uids().real == 65534:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_a_gated_write_waits_for_the_answer_then_lands_whole(gated, person, roots) -> None:
@@ -292,7 +308,7 @@ def test_a_kill_while_an_approval_is_pending_leaves_nothing(gated, person, roots
     person.answer("/data/k.txt", Decision.allow_once)  # too late: must write nothing
     _wait_for_control_threads()
     assert os.listdir(roots / "data") == []
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(gated) == []
 
 
 def test_an_interrupted_parent_leaves_no_process_and_no_file(gated, person, roots) -> None:
@@ -310,7 +326,7 @@ def test_an_interrupted_parent_leaves_no_process_and_no_file(gated, person, root
     helper.join()
     person.answer("/data/i.txt", Decision.allow_once)  # too late: must write nothing
     _wait_for_control_threads()
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(gated) == []
     assert os.listdir(roots / "data") == []
     assert gated.status(sid).value == "stopped"
 
