@@ -27,7 +27,12 @@ def _outputs(cell: dict) -> str:
         elif output["output_type"] == "error":
             parts.append(f"{output['ename']}: {output['evalue']}\n")
         elif "data" in output:
-            parts.append(output["data"].get("text/plain", "") + "\n")
+            data = output["data"]
+            if "image/png" in data:
+                parts.append(f"[a PNG image, {len(data['image/png']) * 3 // 4:,} bytes] ")
+            elif "text/html" in data and "sandbox-output" in data["text/html"]:
+                parts.append("[HTML, shown in an isolated frame] ")
+            parts.append(data.get("text/plain", "") + "\n")
     return _ANSI.sub("", "".join(parts))
 
 

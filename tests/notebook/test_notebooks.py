@@ -33,6 +33,9 @@ def test_notebook_runs_headless(path: Path) -> None:
     errors = [output for cell in notebook.cells for output in cell.get("outputs", [])
               if output.output_type == "error"]
     assert errors == []
+    images = [output for cell in notebook.cells for output in cell.get("outputs", [])
+              if "image/png" in output.get("data", {})]
+    assert path.name != "tour.ipynb" or images, "the tour's plot did not arrive as a PNG"
     if path.name != "tour.ipynb":
         return
     text = "\n".join(_text(cell) for cell in notebook.cells if cell.cell_type == "code")
@@ -41,5 +44,8 @@ def test_notebook_runs_headless(path: Path) -> None:
     assert "not written:" in text and "the headless decision (deny)" in text
     assert "Sandboxes see only what the policy grants." in text  # fetched through the proxy
     assert "refused: 403 domain example.com is not in the allowlist" in text
-    assert "killed: Memory limit exceeded" in text
+    assert "session ended: Memory limit exceeded" in text
+    assert "(3.875, 8)" in text  # a session keeps state: the second cell used the first's
+    assert "region" in text  # a DataFrame (its plain form; the page shows its HTML)
+    assert "no answer: input() in a sandboxed cell cannot be answered here" in text
     assert "read_file" in text  # the in-kernel toolset

@@ -66,6 +66,7 @@ class PythonSession:
         self._lock = threading.Lock()
         self._busy = False
         self._interrupted = False
+        self._baseline_cpu = 0.0
         self._control: ControlChannel = manager.control_channel(
             sandbox, child, plumbing.take_control(), lambda: self._monitor, CellEvents())
 
@@ -162,11 +163,12 @@ class PythonSession:
                             cell=number)
         self._control.events = events
         baseline = sample_tree(_process(child.pid))
+        self._baseline_cpu = baseline[0] if baseline else 0.0
         monitor = ResourceMonitor(
             limits, interval=manager.monitor_interval, timeout=timeout,
             on_breach=lambda reason: manager._breach(sandbox, child, reason),
             max_paused=manager.broker.timeout or 600.0,
-            cpu_baseline=baseline[0] if baseline else 0.0,
+            cpu_baseline=self._baseline_cpu,
         )
         self._monitor = sandbox.monitor = monitor
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
@@ -261,6 +263,14 @@ class PythonSession:
                 monitor: ResourceMonitor, started: float,
                 egress_before: dict[str, int]) -> SandboxResult:
         usage = monitor.snapshot()
+        final = sample_tree(_process(self._child.pid)) if self.end_reason is None else None
+        if final is not None:  # a cell quicker than the monitor's first poll still counts
+            cpu, memory, processes = final
+            usage["cpu_seconds"] = max(usage["cpu_seconds"], cpu - self._baseline_cpu)
+            usage["memory_mb"] = memory
+            usage["peak_memory_mb"] = max(usage["peak_memory_mb"], memory)
+            usage["processes"] = processes
+            usage["peak_processes"] = max(usage["peak_processes"], processes)
         for key in ("elapsed_seconds", "approval_wait_seconds", "cpu_seconds"):
             usage[key] = round(usage[key], 4)
         usage["wall_seconds"] = round(time.monotonic() - started, 4)
