@@ -213,6 +213,18 @@ class _Resources:
                 self.destroy(entry.sandbox.sandbox_id)
         return dropped
 
+    def end_sessions(self, name: str | None = None) -> list[str]:
+        """End the processes of the sessions called `name` (all when None); their sandboxes
+        (home folder, egress history) stay for the next cell's new session. Their names."""
+        ended = []
+        for entry in self.sessions.values():
+            if (name is None or entry.name == name) and entry.session is not None:
+                if entry.session.alive:
+                    ended.append(entry.name)
+                entry.session.close("restarted")
+                entry.session = None
+        return ended
+
     def close(self) -> None:
         """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
         approval responder take its hooks off the kernel."""
@@ -257,10 +269,10 @@ def _unquoted(text: str) -> str:
 
 
 def _narrowing_text(args: Any) -> str:
-    """The options that narrowed a cell's policy, as a person would write them."""
+    """The options that narrowed a cell's policy, as a person would write them (not its
+    --timeout: that is the cell's, not the session's)."""
     parts = [f"--{name} {value:g}" for name, value in
-             (("timeout", args.timeout), ("memory", args.memory), ("cpu", args.cpu))
-             if value is not None]
+             (("memory", args.memory), ("cpu", args.cpu)) if value is not None]
     for option in ("allow_read", "allow_write", "allow_net"):
         parts += [f"--{option.replace('_', '-')} {value}" for value in getattr(args, option)]
     return " ".join(parts)
@@ -323,6 +335,9 @@ class SandboxMagics(Magics):
         self._configured = True
         self.last_result: SandboxResult | None = None
         self._sandboxes_seen: list[str] = []
+        self._ceilings: dict[tuple[Any, ...], tuple[CapabilityDeclaration, str, str]] = {}
+        self._narrowed: dict[tuple[Any, ...], CapabilityDeclaration] = {}
+        self._keys: dict[int, tuple[CapabilityDeclaration, str]] = {}
 
     # -- settings ---------------------------------------------------------------------------------
     @validate("approval_timeout", "render_timeout", "gauge_interval", "timeout")
@@ -391,11 +406,19 @@ class SandboxMagics(Magics):
         return (CapabilityDeclaration.workspace_only(self.workspace),
                 f"built-in default (workspace {self.workspace})")
 
-    @staticmethod
-    def _policy_key(policy: CapabilityDeclaration) -> str:
-        return json.dumps([policy.model_dump(mode="json"), str(policy.base_path),
-                           [rule.rate_windows for rule in policy.network_egress_rules]],
-                          sort_keys=True)
+    def _policy_key(self, policy: CapabilityDeclaration) -> str:
+        """What makes two effective policies the same (their sessions too); remembered per
+        policy object, since the cached ones come back cell after cell."""
+        known = self._keys.get(id(policy))
+        if known is not None and known[0] is policy:
+            return known[1]
+        key = json.dumps([policy.model_dump(mode="json"), str(policy.base_path),
+                          [rule.rate_windows for rule in policy.network_egress_rules]],
+                         sort_keys=True)
+        if len(self._keys) >= 256:
+            self._keys.clear()
+        self._keys[id(policy)] = (policy, key)
+        return key
 
     def _new_sandbox(self, policy: CapabilityDeclaration, source: str,
                      narrowing: str) -> _Current:
@@ -595,9 +618,20 @@ class SandboxMagics(Magics):
             raise UsageError("--policy: this session does not let a cell choose its policy "
                              "(SandboxMagics.allow_policy_override is False)")
         try:
-            ceiling, source = self.session_policy(args.policy)
+            ceiling, source, ceiling_key = self._ceiling(args.policy)
         except CapabilityParseError as exc:
             raise UsageError(f"--policy: {exc}" if args.policy else str(exc)) from None
+        timeout = self.timeout if args.timeout is None else None
+        # Budgets and destinations narrow the same way every time; paths are resolved anew.
+        reused = (ceiling_key, args.memory, args.cpu, tuple(args.allow_net))
+        if not (args.allow_read or args.allow_write) and reused in self._narrowed:
+            policy = self._narrowed[reused]
+            try:
+                if timeout is None:
+                    timeout = lower_only("timeout", args.timeout, self.timeout, " s")
+            except NarrowingError as exc:
+                raise UsageError(f"{_OPTION_OF.get(exc.field, exc.field)}: {exc}") from None
+            return policy, source, timeout
         from ..runner.trusted.plan import withheld_from_everywhere
 
         request = Narrowing(
@@ -610,11 +644,34 @@ class SandboxMagics(Magics):
             # The credential list walks every home folder: only paths being named need it.
             denied = withheld_from_everywhere() if args.allow_read or args.allow_write else ()
             policy = narrow(ceiling, request, denied=denied)
-            timeout = self.timeout if args.timeout is None else lower_only(
-                "timeout", args.timeout, self.timeout, " s")
+            if timeout is None:
+                timeout = lower_only("timeout", args.timeout, self.timeout, " s")
         except NarrowingError as exc:
             raise UsageError(f"{_OPTION_OF.get(exc.field, exc.field)}: {exc}") from None
+        if not (args.allow_read or args.allow_write):
+            if len(self._narrowed) >= 64:
+                self._narrowed.clear()
+            self._narrowed[reused] = policy
         return policy, source, timeout
+
+    def _ceiling(self, path: str | None) -> tuple[CapabilityDeclaration, str, str]:
+        """(policy, source, key) of the session's policy, parsed again only when its file
+        changed (a YAML parse per cell would be most of a quick cell's cost)."""
+        path = path or self.policy
+        try:
+            info = os.stat(path) if path else None
+        except OSError:
+            info = None  # the parser says what is wrong with it
+        signature = ((path, info.st_mtime_ns, info.st_size, info.st_ino) if info is not None
+                     else (path, self.workspace if not path else None))
+        cached = self._ceilings.get(signature) if info is not None or not path else None
+        if cached is None:
+            policy, source = self.session_policy(path)
+            cached = (policy, source, self._policy_key(policy))
+            if len(self._ceilings) >= 16:
+                self._ceilings.clear()
+            self._ceilings[signature] = cached
+        return cached
 
     @staticmethod
     def _check_shell(script: str) -> None:
@@ -651,9 +708,9 @@ class SandboxMagics(Magics):
         if name is not None and name not in known:
             raise UsageError(f"%sandbox restart: no session called {name!r} "
                              f"(sessions: {', '.join(sorted(known)) or 'none yet'})")
-        dropped = self._resources.drop_sessions(name) if self._resources.manager else []
-        what = ", ".join(sorted(set(dropped))) or "none were running"
-        print(f"Ended {len(dropped)} session(s) ({what}); the next %%sandbox cell starts afresh.")
+        ended = self._resources.end_sessions(name) if self._resources.manager else []
+        what = ", ".join(sorted(set(ended))) or "none were running"
+        print(f"Ended {len(ended)} session(s) ({what}); the next %%sandbox cell starts afresh.")
 
     def _show_status(self) -> Table:
         from ..runner.trusted.isolation import isolation_report
@@ -768,9 +825,9 @@ class _Run:
         if kept is not None:
             kept.append(text)
             return
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        out.write(text)
-        out.flush()
+        # No flush here: the kernel's stream sends what it holds within its flush interval
+        # (live enough), and before any display; a flush per chunk waits for its I/O thread.
+        (sys.stdout if stream == "stdout" else sys.stderr).write(text)
 
     def finish(self, result: SandboxResult | None, outcome: str) -> None:
         """Stop feeding the gauges, freeze them, and fill the --out/--err variables."""

@@ -379,7 +379,8 @@ def test_one_session_per_effective_policy(k: KernelSession) -> None:
     k.run("%sandbox restart")
     k.run("%%sandbox --quiet\npass")
     k.run("%%sandbox --quiet\npass")
-    sessions = f"sorted([e.name, e.sandbox.narrowing, e.session.cells_run] for e in {MAGICS}._resources.sessions.values())"
+    sessions = (f"sorted([e.name, e.sandbox.narrowing, e.session.cells_run] for e in "
+                f"{MAGICS}._resources.sessions.values() if e.session and e.session.alive)")
     assert value(k, sessions) == [["default", "", 2]]
     k.run("%%sandbox --quiet --memory 100\npass")
     assert value(k, sessions) == [["default", "", 2], ["default", "--memory 100", 1]]

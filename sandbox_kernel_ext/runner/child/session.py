@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
+import io
 import json
 import linecache
 import os
@@ -23,13 +24,14 @@ import pickle
 import re
 import signal
 import sys
+import threading
+import time
 import traceback
 import types
 from typing import Any
 
 from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
 from . import display, inside
-from .cell import open_streams
 
 __all__ = ["run_session", "cell_filename"]
 
@@ -43,6 +45,75 @@ def cell_filename(number: int) -> str:
     return f"<sandbox-cell-{number}>"
 
 
+FLUSH_INTERVAL = 0.05  # the most printed text waits before the trusted side sees it
+
+
+class _SessionStream(io.TextIOWrapper):
+    """stdout/stderr of a session: buffered, flushed before every frame (so text stays
+    before the display it preceded, and a quick cell's text goes with its end) and by a
+    flusher thread within FLUSH_INTERVAL (so a long cell's output is live)."""
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        _flusher.wake()
+        return written
+
+
+class _Flusher:
+    """One daemon thread, started by the first write of the session, that flushes the
+    streams every FLUSH_INTERVAL while they are written to, and parks after a second
+    without writes (a write then wakes it; while it runs, writes wake nothing)."""
+
+    IDLE_ROUNDS = 20
+
+    def __init__(self) -> None:
+        self._wanted = threading.Event()
+        self._dirty = False
+        self._parked = True
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._dirty = True
+        if self._parked:
+            self._parked = False
+            self._wanted.set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sandbox-flush",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        idle = 0
+        while True:
+            if idle >= self.IDLE_ROUNDS:
+                self._wanted.clear()
+                self._parked = True
+                if not self._dirty:  # a write between the two lines above is not lost
+                    self._wanted.wait()
+                self._parked = False
+                idle = 0
+            time.sleep(FLUSH_INTERVAL)
+            if self._dirty:
+                self._dirty = False
+                _flush()
+                idle = 0
+            else:
+                idle += 1
+
+
+_flusher = _Flusher()
+
+
+def _open_streams() -> None:
+    def stream(fd: int) -> io.TextIOWrapper:
+        raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False), buffer_size=1 << 16)
+        return _SessionStream(raw, encoding="utf-8", errors="backslashreplace")
+
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                 encoding="utf-8")
+    sys.stdout, sys.stderr = stream(1), stream(2)
+
+
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -53,7 +124,7 @@ def _flush() -> None:
 
 def run_session(plan: ChildPlan) -> int:
     """Serve cells until the trusted side hangs up; the exit code is 0."""
-    open_streams()
+    _open_streams()
     os.environ.clear()
     os.environ.update(plan.env)
     payload = pickle.loads(read_to_end(PAYLOAD_FD))
@@ -129,6 +200,8 @@ def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
 
 
 def _output_values(namespace: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+    if not outputs:
+        return {}
     missing = [name for name in outputs if name not in namespace]
     if missing:
         raise NameError(f"output variable(s) not defined by the session: {', '.join(missing)}")

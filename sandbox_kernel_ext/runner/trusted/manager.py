@@ -544,16 +544,20 @@ class SandboxManager:
 
     def _pump(self, child: SpawnedChild, streams: dict[int, OutputStream],
               control: ControlChannel | None, monitor: ResourceMonitor, timeout: float,
-              sandbox: _Sandbox, until: Callable[[], bool] | None = None) -> None:
+              sandbox: _Sandbox, until: Callable[[], bool] | None = None,
+              wake_at: float | None = None) -> None:
         """Read every pipe until all reach end of file (the namespace is gone by then) or
-        `until()` holds. The timeout counts the monitor's clock, which stops while a person
-        is asked."""
+        `until()` holds (looked at again no later than `wake_at`). The timeout counts the
+        monitor's clock, which stops while a person is asked."""
 
         def tick() -> float:
             remaining = timeout - monitor.elapsed()
             if remaining <= 0 and sandbox.kill_reason is None:
                 self._breach(sandbox, child, f"timeout after {timeout:g} s")
-            return max(min(remaining, 0.5), 0.05)
+            wait = max(min(remaining, 0.5), 0.05)
+            if wake_at is not None:  # `until` may turn true then with no data to wake us
+                wait = max(0.0, min(wait, wake_at - time.monotonic()))
+            return wait
 
         pump(streams, control, tick=tick, until=until)
 

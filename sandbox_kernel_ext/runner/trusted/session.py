@@ -40,6 +40,10 @@ __all__ = ["PythonSession", "SessionEnded", "DisplayCallback"]
 
 DisplayCallback = Callable[[DisplayOutput], None]
 INTERRUPT_GRACE = 3.0  # seconds a cell has to stop after an interrupt before the session ends
+# A cell that ends sooner is never polled (its usage is sampled once, at its end): starting
+# the monitor's thread would cost a quick cell a third of its time. The monitor's own first
+# poll comes no sooner anyway; memory has the address-space rlimit as a backstop meanwhile.
+QUICK_CELL_SECONDS = 0.05
 
 
 class SessionEnded(SandboxError):
@@ -67,6 +71,10 @@ class PythonSession:
         self._busy = False
         self._interrupted = False
         self._baseline_cpu = 0.0
+        self._session_cpu = 0.0  # the session's CPU seconds when its last cell ended
+        self._root = _process(child.pid)  # sampled at each cell's end (the monitor polls)
+        started_with = sample_tree(self._root)
+        self._session_cpu = started_with[0] if started_with else 0.0
         self._control: ControlChannel = manager.control_channel(
             sandbox, child, plumbing.take_control(), lambda: self._monitor, CellEvents())
 
@@ -131,7 +139,7 @@ class PythonSession:
             raise SandboxError(f"timeout must be positive, got {timeout!r}")
         outputs = list(outputs)
         try:
-            packed = base64.b64encode(pickle.dumps(dict(inputs or {}))).decode("ascii")
+            packed = base64.b64encode(pickle.dumps(dict(inputs))).decode("ascii") if inputs else ""
         except Exception as exc:  # noqa: BLE001
             raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
         if not self.alive:
@@ -162,8 +170,9 @@ class PythonSession:
                             on_input=self._waiting_for(on_input), session=self.session_id,
                             cell=number)
         self._control.events = events
-        baseline = sample_tree(_process(child.pid))
-        self._baseline_cpu = baseline[0] if baseline else 0.0
+        # CPU counts from the end of the previous cell: work a thread of the session does
+        # between cells is charged to the next one (a sample here would cost every cell).
+        self._baseline_cpu = self._session_cpu
         monitor = ResourceMonitor(
             limits, interval=manager.monitor_interval, timeout=timeout,
             on_breach=lambda reason: manager._breach(sandbox, child, reason),
@@ -174,13 +183,19 @@ class PythonSession:
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         started = time.monotonic()
         sandbox.kill_reason = None
+        watching = []
+
+        def watch() -> None:  # once the cell is not a quick one
+            if not watching:
+                watching.append(True)
+                monitor.start(child.pid, started_at=started)
+                if on_start is not None:
+                    on_start(monitor)
+
         try:
-            monitor.start(child.pid, started_at=started)
-            if on_start is not None:
-                on_start(monitor)
             self._control.send_command({"type": "run", "cell": number, "code": code,
                                         "inputs": packed, "outputs": outputs})
-            self._pump(streams, monitor, timeout, events)
+            self._pump(streams, monitor, timeout, events, watch, started + QUICK_CELL_SECONDS)
         except OSError as exc:  # the control socket is gone: so is the session
             manager._breach(sandbox, child, f"the session's process is gone ({exc.strerror})")
         except BaseException:
@@ -201,14 +216,21 @@ class PythonSession:
         return self._result(streams, events, monitor, started, egress_before)
 
     def _pump(self, streams: dict[int, OutputStream], monitor: ResourceMonitor, timeout: float,
-              events: CellEvents) -> None:
-        """Until the cell is done or the session gone; an interrupt asks the cell to stop,
-        and ends the session if it does not within `interrupt_grace` (or on a second one)."""
+              events: CellEvents, watch: Callable[[], None], watch_at: float) -> None:
+        """Until the cell is done or the session gone, watched by the monitor from `watch_at`
+        on; an interrupt asks the cell to stop, and ends the session if it does not within
+        `interrupt_grace` (or on a second one)."""
         try:
             self._manager._pump(self._child, streams, self._control, monitor, timeout,
-                                self._sandbox, until=events.done.is_set)
+                                self._sandbox, until=lambda: events.done.is_set()
+                                or time.monotonic() >= watch_at, wake_at=watch_at)
+            if not events.done.is_set():
+                watch()
+                self._manager._pump(self._child, streams, self._control, monitor, timeout,
+                                    self._sandbox, until=events.done.is_set)
             return
         except KeyboardInterrupt:
+            watch()
             self.interrupt()
         deadline = time.monotonic() + self.interrupt_grace
         try:
@@ -263,9 +285,10 @@ class PythonSession:
                 monitor: ResourceMonitor, started: float,
                 egress_before: dict[str, int]) -> SandboxResult:
         usage = monitor.snapshot()
-        final = sample_tree(_process(self._child.pid)) if self.end_reason is None else None
+        final = sample_tree(self._root) if self.end_reason is None else None
         if final is not None:  # a cell quicker than the monitor's first poll still counts
             cpu, memory, processes = final
+            self._session_cpu = cpu
             usage["cpu_seconds"] = max(usage["cpu_seconds"], cpu - self._baseline_cpu)
             usage["memory_mb"] = memory
             usage["peak_memory_mb"] = max(usage["peak_memory_mb"], memory)
@@ -313,11 +336,12 @@ class PythonSession:
         self._manager._session_ended(self, self._child, plumbing, self._control, self._listener)
 
     def close(self, reason: str = "closed") -> None:
-        """End the session: its whole process tree is killed. Idempotent."""
+        """End the session: its whole process tree is killed (SIGKILL to PID 1 of its
+        namespace: nothing of it runs again, though the launcher may reap it a moment
+        later). Idempotent."""
         if self._plumbing is None:
             return
         self._manager._breach(self._sandbox, self._child, reason)
-        self._child.exited.wait(timeout=10)
         self._end(reason)
 
     def __enter__(self) -> PythonSession:
