@@ -5,7 +5,7 @@ a sandbox is made under /tmp with modes that uid can use.
 
 Other sandboxes (another engineer's tests, a notebook) may run as uid 65534 on this host at the
 same time, so "nothing is left running" counts only the processes the test itself started; see
-`_our_sandbox_processes`."""
+`leftovers.py`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
 import pytest
+from leftovers import leftover_sandbox_processes
 
 from sandbox_kernel_ext import (
     CapabilityDeclaration,
@@ -59,48 +59,8 @@ MARKER = f"runner-{uuid.uuid4().hex[:12]}"
 
 
 def _leftover_sandbox_processes(*homes: str | Path, wait: float = 10.0) -> list[str]:
-    """The sandbox processes this test started that are still there (see
-    `_our_sandbox_processes`); teardown of a namespace is asynchronous, so this waits up to
-    `wait` seconds for none to be left."""
-    pause = threading.Event()
-    for _ in range(int(wait / 0.05)):
-        if not _our_sandbox_processes(homes):
-            return []
-        pause.wait(0.05)
-    return _our_sandbox_processes(homes)
-
-
-def _our_sandbox_processes(homes: Iterable[str | Path] = ()) -> list[str]:
-    """Processes of the sandbox's uid that this test started: when that uid is not ours,
-    descendants of this test process; and, wherever they went (a process the runner fails to
-    kill is reparented away from us, but keeps its environment), those whose environment
-    carries MARKER (as MARKER_NAME, or inside a value such as PATH, the only thing a launcher
-    keeps of its parent's environment) or whose HOME lies in one of `homes` (a sandbox's
-    private home, or a folder under which a test's own manager made its homes)."""
-    folders = [str(h).rstrip("/") for h in homes]
-    descendants = set()
-    if SANDBOX_UID != os.getuid():  # else our own descendants include the trusted launchers
-        descendants = {p.pid for p in psutil.Process().children(recursive=True)}
-    found = []
-    for proc in psutil.process_iter(["uids", "cmdline"]):
-        try:
-            uids = proc.info["uids"]
-            if uids is None or SANDBOX_UID not in (uids.real, uids.effective, uids.saved):
-                continue
-            ours = proc.pid in descendants
-            if not ours:
-                try:
-                    env = proc.environ()
-                except (psutil.AccessDenied, psutil.ZombieProcess):
-                    env = {}
-                home = env.get("HOME", "")
-                ours = (any(MARKER in value for value in env.values())
-                        or any(home == f or home.startswith(f + "/") for f in folders))
-            if ours:
-                found.append(f"{proc.pid} {proc.info['cmdline']}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+    """The sandbox processes this module started that are still there (`leftovers`)."""
+    return leftover_sandbox_processes(SANDBOX_UID, MARKER, homes, wait)
 
 
 def test_python_cell_variables_in_and_out(manager: SandboxManager) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 import psutil
 import pytest
+from leftovers import sandbox_processes
 
 from sandbox_kernel_ext.policy.models import (
     CapabilityDeclaration,
@@ -207,25 +208,7 @@ OUR_HOMES: set[str] = set()
 
 def _our_nobody_processes() -> list[str]:
     """uid-65534 processes that this module started (see the module docstring)."""
-    descendants = {p.pid for p in psutil.Process().children(recursive=True)}
-    found = []
-    for proc in psutil.process_iter(["pid", "uids", "cmdline"]):
-        try:
-            uids = proc.info["uids"]
-            if uids is None or NOBODY not in (uids.real, uids.effective, uids.saved):
-                continue
-            ours = proc.pid in descendants
-            if not ours:
-                try:
-                    env = proc.environ()
-                except (psutil.AccessDenied, psutil.ZombieProcess):
-                    env = {}
-                ours = env.get(MARKER_NAME) == MARKER or env.get("HOME") in OUR_HOMES
-            if ours and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(f"{proc.pid} {proc.info['cmdline']}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+    return sandbox_processes(NOBODY, MARKER, OUR_HOMES)
 
 
 def _wait_no_nobody_processes(timeout: float = 5.0) -> list[str]:

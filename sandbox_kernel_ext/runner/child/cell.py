@@ -17,12 +17,13 @@ import pickle
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from typing import Any
 
 from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
 from . import inside
 
-__all__ = ["run_cell", "open_streams", "CELL_FILENAME"]
+__all__ = ["run_cell", "begin", "open_streams", "output_values", "CELL_FILENAME"]
 
 CELL_FILENAME = "<sandbox-cell>"
 
@@ -39,36 +40,51 @@ def open_streams() -> None:
     sys.stdin, sys.stdout, sys.stderr = _stream(0, "r"), _stream(1, "w"), _stream(2, "w")
 
 
-def run_cell(plan: ChildPlan) -> int:
-    """Run the cell; return the exit code (0, 1 after an exception, or SystemExit's code)."""
-    open_streams()
+def output_values(namespace: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+    """The cell's output variables as JSON-safe data, within the size the trusted side takes."""
+    if not outputs:
+        return {}
+    missing = [name for name in outputs if name not in namespace]
+    if missing:
+        raise NameError(f"output variable(s) not defined by the cell: {', '.join(missing)}")
+    values = {name: encode_value(namespace[name], name) for name in outputs}
+    size = len(json.dumps(values))
+    if size > MAX_VARIABLES_BYTES:
+        raise ValueError(
+            f"output variables are {size} bytes as JSON; the cap is {MAX_VARIABLES_BYTES} "
+            "(write large results to a file in a writable root instead)"
+        )
+    return values
+
+
+def begin(plan: ChildPlan, streams: Callable[[], None] = open_streams
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a Python child does first, a one-shot cell or a session: its streams, its
+    environment, the payload from the trusted side, the `inside` hooks, and a real
+    `__main__` module (so functions defined in a cell pickle, for multiprocessing). Returns
+    (the payload, the namespace cells run in)."""
+    streams()
     os.environ.clear()
     os.environ.update(plan.env)
     payload = pickle.loads(read_to_end(PAYLOAD_FD))
     inside.install(CONTROL_FD, payload.get("policy") or {})
-    code_text: str = payload["code"]
-    sys.argv = [CELL_FILENAME]
-    # A real __main__ module, so functions defined in the cell pickle (multiprocessing).
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
-    namespace: dict[str, Any] = main.__dict__
+    return payload, main.__dict__
+
+
+def run_cell(plan: ChildPlan) -> int:
+    """Run the cell; return the exit code (0, 1 after an exception, or SystemExit's code)."""
+    payload, namespace = begin(plan)
+    code_text: str = payload["code"]
+    sys.argv = [CELL_FILENAME]
     namespace.update(pickle.loads(payload["inputs"]))
     linecache.cache[CELL_FILENAME] = (len(code_text), None, code_text.splitlines(True), CELL_FILENAME)
     exit_code = 0
     try:
         exec(compile(code_text, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - confined
-        values = {name: encode_value(namespace[name], name) for name in payload.get("outputs", ())
-                  if name in namespace}
-        missing = [name for name in payload.get("outputs", ()) if name not in namespace]
-        if missing:
-            raise NameError(f"output variable(s) not defined by the cell: {', '.join(missing)}")
-        size = len(json.dumps(values))
-        if size > MAX_VARIABLES_BYTES:
-            raise ValueError(
-                f"output variables are {size} bytes as JSON; the cap is {MAX_VARIABLES_BYTES} "
-                "(write large results to a file in a writable root instead)"
-            )
+        values = output_values(namespace, list(payload.get("outputs", ())))
         unwritten = inside.finish()
         if unwritten:
             raise PermissionError("; ".join(unwritten) + " (the file was never closed by the "

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import ast
 import base64
-import builtins
 import io
-import json
 import linecache
-import os
 import pickle
 import re
 import signal
@@ -27,11 +24,11 @@ import sys
 import threading
 import time
 import traceback
-import types
 from typing import Any
 
-from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
+from ..wire import ChildPlan
 from . import display, inside
+from .cell import begin, output_values
 
 __all__ = ["run_session", "cell_filename"]
 
@@ -124,16 +121,9 @@ def _flush() -> None:
 
 def run_session(plan: ChildPlan) -> int:
     """Serve cells until the trusted side hangs up; the exit code is 0."""
-    _open_streams()
-    os.environ.clear()
-    os.environ.update(plan.env)
-    payload = pickle.loads(read_to_end(PAYLOAD_FD))
-    inside.install(CONTROL_FD, payload.get("policy") or {})
+    _, namespace = begin(plan, _open_streams)
     display.install(inside.send_frame, _flush)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the stop button
-    main = types.ModuleType("__main__")
-    main.__builtins__ = builtins  # type: ignore[attr-defined]
-    sys.modules["__main__"] = main
     sys.argv = [""]
     while True:
         try:
@@ -143,7 +133,7 @@ def run_session(plan: ChildPlan) -> int:
         if command is None or command.get("type") != "run":
             return 0
         try:
-            _run(command, main.__dict__)
+            _run(command, namespace)
         except KeyboardInterrupt:  # arrived after the cell ended: its done frame went out
             pass
 
@@ -161,7 +151,7 @@ def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
             namespace.update(pickle.loads(base64.b64decode(command["inputs"])))
         _execute(code, filename, namespace)
         display.flush_figures()
-        values = _output_values(namespace, outputs)
+        values = output_values(namespace, outputs)
         unwritten = inside.finish()
         if unwritten:
             raise PermissionError("; ".join(unwritten) + " (the file was never closed by the "
@@ -197,20 +187,6 @@ def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
     _flush()
     inside.send_frame({"type": "result", "data": display._json_safe(data),
                        "metadata": display._json_safe(metadata)})
-
-
-def _output_values(namespace: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
-    if not outputs:
-        return {}
-    missing = [name for name in outputs if name not in namespace]
-    if missing:
-        raise NameError(f"output variable(s) not defined by the session: {', '.join(missing)}")
-    values = {name: encode_value(namespace[name], name) for name in outputs}
-    size = len(json.dumps(values))
-    if size > MAX_VARIABLES_BYTES:
-        raise ValueError(f"output variables are {size} bytes as JSON; the cap is "
-                         f"{MAX_VARIABLES_BYTES} (write large results to a file instead)")
-    return values
 
 
 def error_report(exc: BaseException) -> dict[str, Any]:

@@ -561,6 +561,23 @@ class SandboxManager:
 
         pump(streams, control, tick=tick, until=until)
 
+    @staticmethod
+    def _count_run(sandbox: _Sandbox, usage: dict[str, Any], started: float,
+                   egress_before: dict[str, int], streams: dict[int, OutputStream]
+                   ) -> tuple[str, str]:
+        """Add what every run reports (wall time, its egress decisions, output it dropped) to
+        `usage`, keep it as the sandbox's last, and return (stdout, stderr)."""
+        usage["wall_seconds"] = round(time.monotonic() - started, 4)
+        if sandbox.proxy is not None:
+            for name, count in sandbox.proxy.counts.items():
+                usage[f"egress_{name}"] = count - egress_before.get(name, 0)
+        dropped = {s.name: s.dropped for s in streams.values() if s.dropped}
+        if dropped:
+            usage["output_dropped_bytes"] = dropped
+        sandbox.last_usage = usage
+        stdout, stderr = (s.text() for s in streams.values())
+        return stdout, stderr
+
     def _result(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
                 streams: dict[int, OutputStream], control: ControlChannel | None, started: float,
                 egress_before: dict[str, int]) -> SandboxResult:
@@ -571,15 +588,7 @@ class SandboxManager:
             usage["peak_processes"] = max(usage.get("peak_processes", 0), 1)
         usage["elapsed_seconds"] = round(usage["elapsed_seconds"], 4)
         usage["approval_wait_seconds"] = round(usage["approval_wait_seconds"], 4)
-        usage["wall_seconds"] = round(time.monotonic() - started, 4)
-        if sandbox.proxy is not None:
-            for name, count in sandbox.proxy.counts.items():
-                usage[f"egress_{name}"] = count - egress_before.get(name, 0)
-        dropped = {s.name: s.dropped for s in streams.values() if s.dropped}
-        if dropped:
-            usage["output_dropped_bytes"] = dropped
-        sandbox.last_usage = usage
-        stdout, stderr = (s.text() for s in streams.values())
+        stdout, stderr = self._count_run(sandbox, usage, started, egress_before, streams)
         reason = sandbox.kill_reason or monitor.exceeded()
         exit_code = child.status if child.status is not None else -1
         if child.error:

@@ -296,19 +296,11 @@ class PythonSession:
             usage["peak_processes"] = max(usage["peak_processes"], processes)
         for key in ("elapsed_seconds", "approval_wait_seconds", "cpu_seconds"):
             usage[key] = round(usage[key], 4)
-        usage["wall_seconds"] = round(time.monotonic() - started, 4)
         usage["session_memory_mb"] = round(usage.get("memory_mb", 0.0), 2)
-        sandbox = self._sandbox
-        if sandbox.proxy is not None:
-            for name, count in sandbox.proxy.counts.items():
-                usage[f"egress_{name}"] = count - egress_before.get(name, 0)
-        dropped = {s.name: s.dropped for s in streams.values() if s.dropped}
-        if dropped:
-            usage["output_dropped_bytes"] = dropped
         if events.dropped_displays:
             usage["displays_dropped"] = events.dropped_displays
-        sandbox.last_usage = usage
-        stdout, stderr = (s.text() for s in streams.values())
+        sandbox = self._sandbox
+        stdout, stderr = self._manager._count_run(sandbox, usage, started, egress_before, streams)
         killed = None
         error = None
         if self.end_reason is not None:
