@@ -1,4 +1,5 @@
-"""FileSystemToolset (seeds 000-002) and FilesystemTool (seed 004) on both backends."""
+"""FileSystemToolset (the filesystem-sandbox, ATLAS and DeepAgents APIs) and orbiter's FilesystemTool, on both
+backends."""
 
 from __future__ import annotations
 
@@ -190,7 +191,7 @@ def test_read_binary_base64(env: Env) -> None:
 
 
 def test_read_text_file_with_invalid_bytes_is_text_with_replacement(env: Env) -> None:
-    """Seed 001: text files come back as UTF-8 strings, invalid sequences replaced."""
+    """ATLAS's handlers: text files come back as UTF-8 strings, invalid sequences replaced."""
     ts = env.make()
     ts.write_file("/ws/latin1.txt", "café au lait, naïve\n".encode("latin-1") * 3)
     r = ts.read("/ws/latin1.txt")
@@ -983,7 +984,7 @@ def test_filesystem_tool_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_filesystem_tool_wraps_every_filesystem_failure(tmp_path: Path) -> None:
-    """Seed 004: ToolError when the filesystem operation fails, whatever the OS said."""
+    """orbiter: ToolError when the filesystem operation fails, whatever the OS said."""
     ws = tmp_path / "ws"
     ws.mkdir()
     os.mkfifo(ws / "pipe.txt")
