@@ -1,5 +1,5 @@
-"""FileSystemToolset (the filesystem-sandbox, ATLAS and DeepAgents APIs) and orbiter's FilesystemTool, on both
-backends."""
+"""FileSystemToolset (the filesystem-sandbox, ATLAS and DeepAgents APIs) and orbiter's
+FilesystemTool, on both backends."""
 
 from __future__ import annotations
 
