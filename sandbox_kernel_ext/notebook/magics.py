@@ -580,8 +580,9 @@ class SandboxMagics(Magics):
                     run: _Run, hooks: dict[str, Any]) -> SandboxResult:
         """In the cell's session (started if needed), or with --fresh in a session of its own
         that ends with the cell."""
+        # The running cell's number, as its In[n] (IPython 9 counts the next cell already).
         options = dict(inputs=inputs, outputs=outputs, timeout=timeout,
-                       cell=self.shell.execution_count, on_output=run.on_output,
+                       cell=self.shell.displayhook.prompt_count, on_output=run.on_output,
                        on_display=publish, on_input=ask_person, **hooks)
         try:
             if args.fresh:

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import ast
 import base64
+import fcntl
 import io
 import linecache
 import pickle
 import re
 import signal
+import struct
 import sys
+import termios
 import threading
 import time
 import traceback
 from typing import Any
 
-from ..wire import ChildPlan
+from ..wire import CONTROL_FD, ChildPlan
 from . import display, inside
 from .cell import begin, output_values
 
@@ -119,10 +122,47 @@ def _flush() -> None:
             pass
 
 
+ORDER_WAIT = 0.5  # the most a display waits for the trusted side to read what it must
+
+
+def _unread(fd: int, request: int) -> int:
+    """Bytes written to `fd` that the trusted side has not read yet (FIONREAD of a pipe,
+    TIOCOUTQ of a unix socket); 0 if the descriptor cannot say."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, request, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def _read_by_trusted_side(*pending: tuple[int, int]) -> None:
+    """Wait, at most ORDER_WAIT, until the trusted side has read what these hold (between
+    cells nobody reads: then the display goes out of order rather than late)."""
+    deadline, pause = 0.0, 0.0001
+    while any(_unread(fd, request) for fd, request in pending):
+        now = time.monotonic()
+        if not deadline:
+            deadline = now + ORDER_WAIT
+        elif now >= deadline:
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+
+
+def _send_in_order(frame: dict[str, Any]) -> None:
+    """A display's frame, in order with the text around it (the pipes and the socket are
+    separate channels): the text printed before it (flushed already) has been read by the
+    trusted side before the frame goes, and the frame has been read before the cell can
+    write more. The trusted side reads them all on one thread, so it shows them in the order
+    it read them."""
+    _read_by_trusted_side((1, termios.FIONREAD), (2, termios.FIONREAD))
+    inside.send_frame(frame)
+    _read_by_trusted_side((CONTROL_FD, termios.TIOCOUTQ))
+
+
 def run_session(plan: ChildPlan) -> int:
     """Serve cells until the trusted side hangs up; the exit code is 0."""
     _, namespace = begin(plan, _open_streams)
-    display.install(inside.send_frame, _flush)
+    display.install(_send_in_order, _flush)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the stop button
     sys.argv = [""]
     while True:

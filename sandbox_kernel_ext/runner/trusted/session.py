@@ -166,7 +166,10 @@ class PythonSession:
         cap = int(limits.max_output_mb * 1024 * 1024)
         streams = {self._plumbing.stdout: OutputStream("stdout", cap, on_output),
                    self._plumbing.stderr: OutputStream("stderr", cap, on_output)}
-        events = CellEvents(outputs, on_display=self._in_order(streams, on_display),
+        # Displays come in order with the text without draining the pipes here (that could
+        # pass on text printed after the display first): the child sends a display once the
+        # text before it was read, and prints on once the display was read (child/session.py).
+        events = CellEvents(outputs, on_display=on_display,
                             on_input=self._waiting_for(on_input), session=self.session_id,
                             cell=number)
         self._control.events = events
@@ -250,19 +253,6 @@ class PythonSession:
         """KeyboardInterrupt in the running cell (the session and its variables stay)."""
         self._interrupted = True
         return self._child.send_signal(signal.SIGINT)
-
-    @staticmethod
-    def _in_order(streams: dict[int, OutputStream],
-                  on_display: DisplayCallback | None) -> DisplayCallback | None:
-        """Text the cell printed before a display is passed on before it."""
-        if on_display is None:
-            return None
-
-        def forward(output: DisplayOutput) -> None:
-            drain(streams)
-            on_display(output)
-
-        return forward
 
     def _waiting_for(self, on_input: InputCallback | None) -> InputCallback | None:
         """While a person types an answer, the cell's clock stops (as for an approval)."""
