@@ -745,7 +745,7 @@ class SandboxMagics(Magics):
         for entry in self._resources.sessions.values():
             session = entry.session
             info = session.info() if session is not None else {}
-            state = info.get("state", "not started")
+            state = info.get("state", "restarted: starts with the next cell")
             if state == "ended" and info.get("end_reason"):
                 state += f" ({info['end_reason']})"
             policy = entry.sandbox.source + (f"; {entry.sandbox.narrowing}"

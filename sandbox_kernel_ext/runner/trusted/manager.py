@@ -374,12 +374,12 @@ class SandboxManager:
             sandbox.status = previous
             raise
         try:
-            child, started, listener = self._launch(sandbox, plan, plumbing)
+            child, _, listener = self._launch(sandbox, plan, plumbing)
         except BaseException:
             plumbing.close()
             sandbox.status = SandboxStatus.stopped if sandbox.child is not None else previous
             raise
-        session = PythonSession(self, sandbox, child, plumbing, listener, started)
+        session = PythonSession(self, sandbox, child, plumbing, listener)
         sandbox.session = session
         return session
 

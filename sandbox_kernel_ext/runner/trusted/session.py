@@ -57,23 +57,21 @@ class PythonSession:
     interrupt_grace = INTERRUPT_GRACE
 
     def __init__(self, manager: SandboxManager, sandbox: _Sandbox, child: SpawnedChild,
-                 plumbing: Plumbing, listener: socket.socket | None, started: float) -> None:
+                 plumbing: Plumbing, listener: socket.socket | None) -> None:
         self.session_id = str(uuid.uuid4())
         self.sandbox_id = sandbox.sandbox_id
         self._manager, self._sandbox, self._child = manager, sandbox, child
         self._plumbing, self._listener = plumbing, listener
         self.started_at = time.time()
-        self._started = started
         self.cells_run = 0
         self.end_reason: str | None = None
         self._monitor: ResourceMonitor | None = None
         self._lock = threading.Lock()
         self._busy = False
-        self._interrupted = False
         self._baseline_cpu = 0.0
-        self._session_cpu = 0.0  # the session's CPU seconds when its last cell ended
         self._root = _process(child.pid)  # sampled at each cell's end (the monitor polls)
         started_with = sample_tree(self._root)
+        # The session's CPU seconds when its last cell ended (or when it started).
         self._session_cpu = started_with[0] if started_with else 0.0
         self._control: ControlChannel = manager.control_channel(
             sandbox, child, plumbing.take_control(), lambda: self._monitor, CellEvents())
@@ -96,12 +94,7 @@ class PythonSession:
 
     def memory_mb(self) -> float:
         """The session's resident memory now (its whole process tree), 0 once ended."""
-        if not self.alive:
-            return 0.0
-        try:
-            sample = sample_tree(psutil.Process(self._child.pid))
-        except psutil.Error:
-            return 0.0
+        sample = sample_tree(self._root) if self.alive else None
         return round(sample[1], 1) if sample else 0.0
 
     def info(self) -> dict[str, Any]:
@@ -150,7 +143,7 @@ class PythonSession:
                                    "start a new one")
             if self._busy:
                 raise SandboxError("the session is running another cell")
-            self._busy, self._interrupted = True, False
+            self._busy = True
         number = cell if cell is not None else self.cells_run + 1
         try:
             return self._run(code, packed, outputs, timeout, number, on_output, on_display,
@@ -251,7 +244,6 @@ class PythonSession:
 
     def interrupt(self) -> bool:
         """KeyboardInterrupt in the running cell (the session and its variables stay)."""
-        self._interrupted = True
         return self._child.send_signal(signal.SIGINT)
 
     def _waiting_for(self, on_input: InputCallback | None) -> InputCallback | None:
