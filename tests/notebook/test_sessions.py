@@ -539,7 +539,7 @@ def test_restart_ends_the_sessions_and_the_next_cell_starts_afresh(k: KernelSess
     assert re.match(r"Ended \d+ session\(s\) \(.*default.*\)", text) and "kept_apart" in text
     assert gone_soon(pids) == []
     assert {row[-1] for rows in session_rows(k).values() for row in rows} <= {
-        "not started", "ended (restarted)", "ended"}
+        "restarted: starts with the next cell", "ended (restarted)", "ended"}
     for options in ("", "--session kept_apart"):
         msg_id = cell(k, f"%%sandbox --quiet {options}\nbefore_restart")
         assert error_line(k, msg_id) == ("SandboxCellError: NameError: name 'before_restart' "
