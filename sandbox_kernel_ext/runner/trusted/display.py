@@ -56,9 +56,13 @@ _LATEX_ACTIVE = re.compile(
 WIDGET_NOTE = ("[sandbox] an ipywidget made inside the sandbox is not live here: widgets need "
                "a connection to the notebook page, which does not cross the sandbox")
 
-# The one script an isolated frame may run: it tells the page how tall its content is.
-_SIZER = ("new ResizeObserver(function(){parent.postMessage({sandboxFrameHeight:"
-          "document.documentElement.scrollHeight},'*')}).observe(document.documentElement);")
+# The one script an isolated frame may run: it tells the page how tall its content is. The
+# root element's own height (plus a horizontal scrollbar's, if any), not its scrollHeight:
+# that one is never less than the frame's viewport, so a frame could grow but never shrink
+# (a one-line output kept the first 120px).
+_SIZER = ("new ResizeObserver(function(){var d=document.documentElement;parent.postMessage("
+          "{sandboxFrameHeight:Math.ceil(d.getBoundingClientRect().height)+innerHeight-"
+          "d.clientHeight},'*')}).observe(document.documentElement);")
 _SIZER_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SIZER.encode()).digest()).decode()
 _FRAME_POLICY = (f"default-src 'none'; script-src '{_SIZER_HASH}'; style-src 'unsafe-inline'; "
                  "img-src data:; font-src data:; media-src data:; form-action 'none'")
@@ -138,10 +142,10 @@ def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
     )
     page_script = (
         "(function(){var f=document.getElementById('" + frame_id + "');if(!f)return;"
-        "window.addEventListener('message',function(e){if(!f.isConnected||"
-        "e.source!==f.contentWindow||!e.data)return;var h=e.data.sandboxFrameHeight;"
-        "if(typeof h==='number'&&isFinite(h))f.style.height=Math.min(Math.max(h,16),5000)+'px';"
-        "});})();"
+        "function size(e){if(!f.isConnected){window.removeEventListener('message',size);"
+        "return;}if(e.source!==f.contentWindow||!e.data)return;var h=e.data.sandboxFrameHeight;"
+        "if(typeof h==='number'&&isFinite(h))f.style.height=Math.min(Math.max(h,16),5000)+'px';}"
+        "window.addEventListener('message',size);})();"
     )
     return (
         f"<iframe id=\"{frame_id}\" class=\"sandbox-output\" sandbox=\"allow-scripts\" "
