@@ -137,7 +137,11 @@ def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_FRAME_POLICY}\">"
         f"<script>{_SIZER}</script>"
-        "<style>body{margin:0;font-family:system-ui,sans-serif;font-size:13px}</style>"
+        # Tables as JupyterLab shows a DataFrame (the frame sees none of the page's styles).
+        "<style>body{margin:0;font-family:system-ui,sans-serif;font-size:13px}"
+        "table{border-collapse:collapse;border:none;font-size:12px}"
+        "th,td{border:none;padding:4px 8px;text-align:right}thead th{border-bottom:1px solid #bbb}"
+        "tbody tr:nth-child(odd){background:#f5f5f5}tbody tr:hover{background:#e1f0fa}</style>"
         f"</head><body>{markup}</body></html>"
     )
     page_script = (
