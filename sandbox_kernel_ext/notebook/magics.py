@@ -102,6 +102,9 @@ def ask_person(prompt: str, password: bool) -> str:
 
     from IPython.core.error import StdinNotImplementedError
 
+    # Said to come from the sandbox: its code chooses the words (a "session expired, password:"
+    # would otherwise read as the kernel's or the server's own question).
+    prompt = f"[sandbox] {prompt}"
     try:
         return getpass.getpass(prompt) if password else input(prompt)
     except StdinNotImplementedError:
@@ -583,7 +586,7 @@ class SandboxMagics(Magics):
         # The running cell's number, as its In[n] (IPython 9 counts the next cell already).
         options = dict(inputs=inputs, outputs=outputs, timeout=timeout,
                        cell=self.shell.displayhook.prompt_count, on_output=run.on_output,
-                       on_display=publish, on_input=ask_person, **hooks)
+                       on_display=run.publish, on_input=ask_person, **hooks)
         try:
             if args.fresh:
                 session = self.manager.start_session(
@@ -829,6 +832,13 @@ class _Run:
         # No flush here: the kernel's stream sends what it holds within its flush interval
         # (live enough), and before any display; a flush per chunk waits for its I/O thread.
         (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+
+    def publish(self, output: Any) -> None:
+        """A display of the cell; after a clear (which takes the whole cell's output with
+        it), the gauges are shown again."""
+        publish(output)
+        if output.kind == "clear" and self.panel is not None:
+            self.panel.show()
 
     def finish(self, result: SandboxResult | None, outcome: str) -> None:
         """Stop feeding the gauges, freeze them, and fill the --out/--err variables."""

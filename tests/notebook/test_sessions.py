@@ -316,7 +316,7 @@ def test_a_widget_shows_its_text_and_why_it_is_not_live(k: KernelSession) -> Non
 def test_input_asks_the_frontend_and_the_next_cell_sees_the_answer(k: KernelSession) -> None:
     msg_id = k.execute("%%sandbox --quiet\nname = input('who? ')")
     request = next_input_request(k)
-    assert request["content"]["prompt"] == "who? " and request["content"]["password"] is False
+    assert request["content"]["prompt"] == "[sandbox] who? " and request["content"]["password"] is False
     assert msg_id not in k._idle  # the cell waits for the answer
     k.client.input("Ada")
     k.wait_idle(msg_id)
@@ -328,7 +328,7 @@ def test_getpass_asks_for_a_password(k: KernelSession) -> None:
     msg_id = k.execute("%%sandbox --quiet -o secret_length\nimport getpass\n"
                        "secret = getpass.getpass('Token: ')\nsecret_length = len(secret)")
     request = next_input_request(k)
-    assert request["content"]["prompt"] == "Token: " and request["content"]["password"] is True
+    assert request["content"]["prompt"] == "[sandbox] Token: " and request["content"]["password"] is True
     k.client.input("hunter22")
     k.wait_idle(msg_id)
     assert k.error(msg_id) is None

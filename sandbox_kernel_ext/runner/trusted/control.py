@@ -41,6 +41,7 @@ from ..wire import MAX_VARIABLES_BYTES, decode_value
 from .display import (
     MAX_BUNDLE_BYTES,
     DisplayOutput,
+    bundle_size,
     check_bundle,
     clean_text,
     format_error,
@@ -59,6 +60,7 @@ MAX_TOKENS_PER_REPORT = 10**12
 MAX_COST_PER_REPORT = 10.0**9
 MAX_PENDING_REQUESTS = 16
 MAX_DISPLAY_BYTES_PER_CELL = 64 * 1024 * 1024  # beyond it, a cell's displays are dropped
+SEND_TIMEOUT = 2.0  # the most a send may wait for the child to read (it asked: it reads)
 # The largest frame of each kind: the variables with their envelope, one display's bundle.
 _FRAME_CAPS = {"variables": MAX_VARIABLES_BYTES + MAX_FRAME_BYTES,
                "done": MAX_VARIABLES_BYTES + MAX_FRAME_BYTES,
@@ -110,6 +112,7 @@ class ControlChannel:
         events: CellEvents | None = None,
     ) -> None:
         self._sock = sock
+        sock.settimeout(SEND_TIMEOUT)  # sends only: the pump reads when select says so
         self.events = events if events is not None else CellEvents()
         self._files = files
         self._on_usage = on_usage
@@ -245,6 +248,8 @@ class ControlChannel:
                                            display_id)
         except ValueError as exc:
             raise MalformedFrame(str(exc)) from None
+        # Counted as made safe: escaping can make a bundle several times the frame it came in.
+        size = max(size, bundle_size(output.data))
         if events.display_bytes + size > MAX_DISPLAY_BYTES_PER_CELL:
             events.dropped_displays += 1
             return
@@ -369,6 +374,10 @@ class ControlChannel:
                     self._sock.sendall(data)
                 else:
                     socket.send_fds(self._sock, [data], [fd])
+            except TimeoutError:
+                # A child that asks and does not read would hold this thread (the kernel's
+                # main thread, for input()) for ever: that is a broken protocol.
+                self._break(f"it stopped reading its control channel for {SEND_TIMEOUT:g} s")
             except OSError:
                 pass  # the child is gone; close() discards what it left staged
 

@@ -30,6 +30,7 @@ import html
 import json
 import re
 import secrets
+from html.parser import HTMLParser
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +48,12 @@ _MIME = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*\Z")
 # Control characters but newline and tab: escape sequences could rewrite a terminal (or
 # its clipboard, through OSC 52) when terminal IPython prints the text.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_LINK_TARGET = re.compile(r"\]\(\s*([^)\s]*)")
-_LINK_DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
-_SAFE_TARGET = re.compile(r"(https?:|mailto:|#|[^:]*\Z)", re.IGNORECASE)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Escape sequences: CSI, OSC/DCS/SOS/PM/APC strings (to BEL or ST), and two-character ones.
+_ESCAPE_SEQUENCE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?|\x9b[0-?]*[ -/]*[@-~]")
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+_STREAM_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]")
 _LATEX_ACTIVE = re.compile(
     r"\\(href|url|html|class|style|cssid|data|unicode|require|mmltoken|def|let|newcommand|"
     r"renewcommand|define|begingroup|enclose|toggle|texttip|tooltip|mathtip)", re.IGNORECASE)
@@ -82,10 +86,24 @@ class DisplayOutput:
 
 def clean_text(value: Any, limit: int = 1 << 20) -> str:
     """Text from a sandbox, safe to show anywhere: no control characters but newline and tab,
-    no bidi overrides, at most `limit` characters."""
-    text = value if isinstance(value, str) else str(value)
+    no bidi overrides, no lone surrogates (JSON can carry them; no message encoder can), at
+    most `limit` characters."""
+    text = _valid_unicode(value if isinstance(value, str) else str(value))
     text = _CONTROL.sub("", text)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _valid_unicode(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def clean_stream(text: str) -> str:
+    """A sandbox's stdout/stderr text as a terminal or a notebook may show it: colours
+    (SGR sequences) and carriage returns kept, every other escape sequence and control
+    character removed (a title, the clipboard through OSC 52, the cursor)."""
+    text = _ESCAPE_SEQUENCE.sub(lambda m: m.group(0) if _SGR.fullmatch(m.group(0)) else "",
+                                _valid_unicode(text))
+    return _STREAM_CONTROL.sub("", text)
 
 
 def check_bundle(data: Any, metadata: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -112,11 +130,12 @@ def _base64_image(value: str) -> str | None:
 
 
 def _markdown_is_inert(text: str) -> bool:
-    """No raw HTML or autolink (no `<` at all) and no link target that could run script."""
-    if "<" in text:
-        return False
-    targets = _LINK_TARGET.findall(text) + _LINK_DEFINITION.findall(text)
-    return all(_SAFE_TARGET.match(t) and "&" not in t and "\\" not in t for t in targets)
+    """Markdown (already cleaned) that can make no element that acts by itself: no `<` (raw
+    HTML, autolinks) and no `](` or `]:` (every link, image and link definition needs one of
+    them, in any nesting: block quotes, lists, escaped labels). Links and images are worth
+    less than this certainty: such Markdown shows as its text. (A bare http(s) URL still
+    becomes a link, which does nothing until a person clicks it.)"""
+    return "<" not in text and "](" not in text and "]:" not in text
 
 
 def _image_metadata(metadata: dict[str, Any], mime: str) -> dict[str, Any]:
@@ -128,6 +147,78 @@ def _image_metadata(metadata: dict[str, Any], mime: str) -> dict[str, Any]:
             and 0 < meta[key] < 100_000}
 
 
+# Elements that act without a click even where no script runs (a refresh that navigates the
+# frame, a nested frame whose srcdoc we never parse, plugins), or whose content a browser does
+# not render: dropped with everything inside them.
+_DROPPED = frozenset({"meta", "base", "link", "script", "noscript", "iframe", "frame",
+                      "frameset", "object", "embed", "applet", "portal", "fencedframe",
+                      "template", "noembed", "noframes"})
+_VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
+                   "source", "track", "wbr", "frame", "param"})
+_TAG_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
+_ATTRIBUTE_NAME = re.compile(r"[a-z_:][-a-z0-9_:.]*\Z")
+
+
+class _InertHTML(HTMLParser):
+    """Reads markup and writes it again in a canonical form: every tag ours, every attribute
+    value quoted and escaped, every text escaped, so the browser parses exactly the elements
+    this parser saw, and none of the `_DROPPED` ones, event handlers or `srcdoc`s."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.out: list[str] = []
+        self._skipping: list[str] = []  # the dropped element we are inside, innermost last
+        self._raw = False  # inside <style>: CSS, written with every `<` escaped for CSS
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._start(tag, attrs, closed=False)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._start(tag, attrs, closed=True)
+
+    def _start(self, tag: str, attrs: list[tuple[str, str | None]], closed: bool) -> None:
+        if self._skipping:
+            if tag == self._skipping[-1] and not closed and tag not in _VOID:
+                self._skipping.append(tag)
+            return
+        if tag in _DROPPED:
+            if not closed and tag not in _VOID:
+                self._skipping.append(tag)
+            return
+        if not _TAG_NAME.match(tag):
+            return  # a name no serialisation of ours could carry: its content stays
+        kept = "".join(
+            f" {name}" if value is None else f" {name}=\"{html.escape(value, quote=True)}\""
+            for name, value in attrs
+            if _ATTRIBUTE_NAME.match(name) and not name.startswith("on") and name != "srcdoc")
+        self.out.append(f"<{tag}{kept}{' /' if closed else ''}>")
+        self._raw = tag == "style" and not closed
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skipping:
+            if tag == self._skipping[-1]:
+                self._skipping.pop()
+            return
+        self._raw = False
+        if _TAG_NAME.match(tag) and tag not in _DROPPED:
+            self.out.append(f"</{tag}>")
+
+    def handle_data(self, data: str) -> None:
+        if self._skipping:
+            return
+        # In CSS a `<` is only ever text: escaped as CSS, no browser can end the style early.
+        self.out.append(data.replace("<", "\\3c ") if self._raw else html.escape(data, quote=False))
+
+
+def inert_html(markup: str) -> str:
+    """`markup` written again so that nothing in it acts by itself (see `_InertHTML`);
+    comments, declarations and processing instructions go."""
+    parser = _InertHTML()
+    parser.feed(_valid_unicode(markup))
+    parser.close()
+    return "".join(parser.out)
+
+
 def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
     """`markup` inside a sandboxed iframe with an opaque origin, under a CSP that runs only
     the sizing script; the page-side script (ours, with no sandbox bytes in it) sizes the
@@ -137,6 +228,9 @@ def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_FRAME_POLICY}\">"
         f"<script>{_SIZER}</script>"
+        # A link clicked in the frame opens nothing (no popups allowed), rather than
+        # navigating the frame to a page that could pass for part of the notebook.
+        "<base target=\"_blank\">"
         # Tables as JupyterLab shows a DataFrame (the frame sees none of the page's styles).
         "<style>body{margin:0;font-family:system-ui,sans-serif;font-size:13px}"
         "table{border-collapse:collapse;border:none;font-size:12px}"
@@ -154,7 +248,8 @@ def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
     return (
         f"<iframe id=\"{frame_id}\" class=\"sandbox-output\" sandbox=\"allow-scripts\" "
         "referrerpolicy=\"no-referrer\" title=\"output of a sandboxed cell\" "
-        "style=\"width:100%;height:120px;border:0;display:block\" "
+        "style=\"width:100%;height:120px;border:0;border-left:3px solid #d0d7de;"
+        "box-sizing:border-box;display:block\" "
         f"srcdoc=\"{html.escape(document, quote=True)}\"></iframe>"
         f"<script>{page_script}</script>"
     )
@@ -173,23 +268,26 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
                 meta[mime] = found
     if isinstance(data.get("application/json"), (dict, list)):
         try:
-            out["application/json"] = json.loads(json.dumps(data["application/json"]))
+            out["application/json"] = json.loads(_valid_unicode(json.dumps(
+                data["application/json"], ensure_ascii=False)))
         except (TypeError, ValueError, RecursionError):
             pass
     markup = data.get("text/html")
     svg = data.get("image/svg+xml")
+    svg = _valid_unicode(svg) if isinstance(svg, str) else None
     if isinstance(markup, str):
-        out["text/html"] = isolated_html(markup)
-    elif isinstance(svg, str):
-        source = base64.b64encode(svg.encode("utf-8", "replace")).decode("ascii")
+        out["text/html"] = isolated_html(inert_html(markup))
+    elif svg is not None:
+        source = base64.b64encode(svg.encode("utf-8")).decode("ascii")
         out["text/html"] = (f"<img alt=\"SVG from a sandboxed cell\" "
                             f"src=\"data:image/svg+xml;base64,{source}\">")
-    markdown = data.get("text/markdown")
-    if isinstance(markdown, str) and _markdown_is_inert(markdown):
-        out["text/markdown"] = clean_text(markdown)
-    latex = data.get("text/latex")
-    if isinstance(latex, str) and "<" not in latex and not _LATEX_ACTIVE.search(latex):
-        out["text/latex"] = clean_text(latex)
+    # Checked after cleaning: a control character removed must not join two harmless halves.
+    markdown = clean_text(data["text/markdown"]) if isinstance(data.get("text/markdown"), str) else None
+    if markdown is not None and _markdown_is_inert(markdown):
+        out["text/markdown"] = markdown
+    latex = clean_text(data["text/latex"]) if isinstance(data.get("text/latex"), str) else None
+    if latex is not None and "<" not in latex and not _LATEX_ACTIVE.search(latex):
+        out["text/latex"] = latex
     if _WIDGET in data:
         plain = (plain + "\n" if plain else "") + WIDGET_NOTE
     if not plain and not out:
@@ -197,6 +295,12 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
         plain = f"[sandbox] a display in a format not shown here ({clean_text(dropped, 200)})"
     out["text/plain"] = plain
     return out, meta
+
+
+def bundle_size(data: dict[str, Any]) -> int:
+    """About how many bytes a bundle takes once made safe (what the per-cell cap counts)."""
+    return sum(len(value) if isinstance(value, str) else len(json.dumps(value))
+               for value in data.values())
 
 
 def namespaced_display_id(session: str, display_id: Any) -> str | None:

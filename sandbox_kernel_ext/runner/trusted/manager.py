@@ -45,7 +45,7 @@ from .plan import (
     homes_folder,
 )
 from .plumbing import OutputCallback, OutputStream, Plumbing, memfd, pump
-from .session import PythonSession
+from .session import IdleWatch, PythonSession
 
 __all__ = ["SandboxManager", "OutputCallback", "StartCallback"]
 
@@ -109,6 +109,7 @@ class SandboxManager:
         self.broker = broker if broker is not None else ApprovalBroker()  # headless: deny
         self._egress_resolver = egress_resolver
         self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
+        self._idle = IdleWatch(lambda: self.monitor_interval)  # sessions between their cells
 
     # -- lifecycle -------------------------------------------------------------------------------
     def create_sandbox(self, capability: CapabilityDeclaration) -> str:
@@ -195,6 +196,7 @@ class SandboxManager:
 
     def close(self) -> None:
         """Destroy every sandbox and stop the launcher (nothing is left running)."""
+        self._idle.stop()
         for sandbox_id in [s["sandbox_id"] for s in self.list_sandboxes()]:
             self.destroy(sandbox_id)
         self._launcher.close()
@@ -381,6 +383,7 @@ class SandboxManager:
             raise
         session = PythonSession(self, sandbox, child, plumbing, listener)
         sandbox.session = session
+        self._idle.add(session)
         return session
 
     def _session_ended(self, session: PythonSession, child: SpawnedChild,
@@ -388,6 +391,8 @@ class SandboxManager:
                        listener: socket.socket | None) -> None:
         """Release what an ended session held; its sandbox may run again."""
         sandbox = self._sandboxes.get(session.sandbox_id)
+        self._idle.discard(session)
+        child.kill()  # a no-op once it exited; the pidfd is our last handle on it
         control.close()
         if plumbing is not None:
             plumbing.close()

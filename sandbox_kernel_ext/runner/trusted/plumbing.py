@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..wire import ChildPlan
+from .display import clean_stream
 
 if TYPE_CHECKING:
     from .control import ControlChannel
@@ -26,7 +27,9 @@ _READ_CHUNK = 65536
 
 
 class OutputStream:
-    """One output pipe: keeps at most `cap` bytes, counts the rest, decodes for callbacks."""
+    """One output pipe: keeps at most `cap` bytes, counts the rest, decodes for callbacks.
+    The text it gives is a sandbox's: escape sequences but colours and control characters
+    but newlines, tabs and carriage returns are removed (`display.clean_stream`)."""
 
     def __init__(self, name: str, cap: int, callback: OutputCallback | None) -> None:
         self.name, self.cap, self.callback = name, cap, callback
@@ -40,7 +43,7 @@ class OutputStream:
         if kept:
             self.kept += kept
             if self.callback is not None:
-                self.callback(self.name, self._decoder.decode(kept))
+                self.callback(self.name, clean_stream(self._decoder.decode(kept)))
         if extra:
             if self.dropped == 0 and self.callback is not None:
                 self.callback(self.name, self._decoder.decode(b"", final=True)
@@ -48,7 +51,7 @@ class OutputStream:
             self.dropped += len(extra)
 
     def text(self) -> str:
-        text = self.kept.decode("utf-8", errors="replace")
+        text = clean_stream(self.kept.decode("utf-8", errors="replace"))
         if self.dropped:
             text += f"\n[sandbox] {self.dropped} more bytes of {self.name} dropped (cap {self.cap} bytes)\n"
         return text
@@ -150,7 +153,9 @@ def pump(streams: dict[int, OutputStream], control: ControlChannel | None, *,
             for fd in ready:
                 try:
                     data = os.read(fd, _READ_CHUNK)
-                except ConnectionResetError:
+                except BlockingIOError:
+                    continue  # woken for nothing (a non-blocking socket)
+                except OSError:  # reset, or closed under us (ended from another thread)
                     data = b""
                 if fd in streams:
                     if data:
@@ -173,11 +178,17 @@ def drain(streams: dict[int, OutputStream]) -> None:
     """Read what the pipes hold now, without waiting for more."""
     selector = selectors.DefaultSelector()
     for fd in streams:
-        selector.register(fd, selectors.EVENT_READ)
+        try:
+            selector.register(fd, selectors.EVENT_READ)
+        except (OSError, ValueError):  # closed under us: nothing to read there
+            continue
     try:
         while ready := selector.select(timeout=0):
             for key, _ in ready:
-                data = os.read(key.fd, _READ_CHUNK)
+                try:
+                    data = os.read(key.fd, _READ_CHUNK)
+                except OSError:
+                    data = b""
                 if not data:
                     selector.unregister(key.fd)
                     continue

@@ -13,6 +13,7 @@ within `interrupt_grace` seconds ends the session.
 from __future__ import annotations
 
 import base64
+import logging
 import pickle
 import signal
 import threading
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from ...policy.errors import SandboxError
+from ...policy.limits import check_limits
 from ...policy.models import SandboxResult
 from .control import CellEvents, ControlChannel, InputCallback
 from .display import DisplayOutput
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
 
     from .manager import SandboxManager, StartCallback, _Sandbox
 
-__all__ = ["PythonSession", "SessionEnded", "DisplayCallback"]
+__all__ = ["PythonSession", "SessionEnded", "DisplayCallback", "IdleWatch"]
 
+logger = logging.getLogger(__name__)
 DisplayCallback = Callable[[DisplayOutput], None]
 INTERRUPT_GRACE = 3.0  # seconds a cell has to stop after an interrupt before the session ends
 # A cell that ends sooner is never polled (its usage is sampled once, at its end): starting
@@ -192,8 +195,10 @@ class PythonSession:
             self._control.send_command({"type": "run", "cell": number, "code": code,
                                         "inputs": packed, "outputs": outputs})
             self._pump(streams, monitor, timeout, events, watch, started + QUICK_CELL_SECONDS)
+        except TimeoutError:
+            manager._breach(sandbox, child, "it stopped reading its control channel")
         except OSError as exc:  # the control socket is gone: so is the session
-            manager._breach(sandbox, child, f"the session's process is gone ({exc.strerror})")
+            manager._breach(sandbox, child, f"its control channel failed ({exc.strerror})")
         except BaseException:
             manager._breach(sandbox, child, "interrupted")
             child.exited.wait(timeout=10)
@@ -207,8 +212,13 @@ class PythonSession:
         self.cells_run += 1
         if not events.done.is_set():
             drain(streams)
+            # Its channels ended without the cell's end: the process may still be running
+            # (it closed them), so it is killed before the session is said to have ended.
+            reason = (sandbox.kill_reason or monitor.exceeded()
+                      or "it closed its output and control channels")
+            manager._breach(sandbox, child, reason)
             child.exited.wait(timeout=10)
-            self._end(sandbox.kill_reason or monitor.exceeded() or "its process exited")
+            self._end(reason)
         return self._result(streams, events, monitor, started, egress_before)
 
     def _pump(self, streams: dict[int, OutputStream], monitor: ResourceMonitor, timeout: float,
@@ -241,6 +251,31 @@ class PythonSession:
                                   f"{self.interrupt_grace:g} s")
             self._manager._pump(self._child, streams, self._control, monitor, timeout,
                                 self._sandbox)
+
+    def check_idle(self) -> None:
+        """Between cells no monitor runs: end the session if its tree holds more memory or
+        processes than its limits, or has spent more CPU since its last cell than a cell may
+        (a thread left working, children left running)."""
+        with self._lock:
+            if self._busy or not self.alive or self._plumbing is None:
+                return
+            sample = sample_tree(self._root)
+            if sample is None:
+                return
+            cpu, memory, processes = sample
+            limits = self._sandbox.capability.resource_limits
+            ok, reason = check_limits({"cpu_seconds": cpu - self._session_cpu,
+                                       "peak_memory_mb": memory}, limits)
+            if ok and processes > limits.max_processes:
+                ok, reason = False, (f"process limit exceeded: {processes} processes, limit "
+                                     f"is {limits.max_processes}")
+            if ok:
+                return
+            reason = f"{reason}, while no cell ran"
+            self.end_reason = reason  # from here a cell finds the session ended
+        self._manager._breach(self._sandbox, self._child, reason)
+        self._child.exited.wait(timeout=10)
+        self._end(reason)
 
     def interrupt(self) -> bool:
         """KeyboardInterrupt in the running cell (the session and its variables stay)."""
@@ -351,3 +386,43 @@ def _output_json(output: DisplayOutput) -> dict[str, Any]:
         if output.display_id is not None:
             entry["display_id"] = output.display_id
     return entry
+
+
+class IdleWatch:
+    """One thread per manager that has every idle session check its budgets each
+    `interval()` seconds (`PythonSession.check_idle`); started with the first session."""
+
+    def __init__(self, interval: Callable[[], float]) -> None:
+        self._interval = interval
+        self._sessions: set[PythonSession] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, session: PythonSession) -> None:
+        with self._lock:
+            self._sessions.add(session)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sandbox-idle-watch",
+                                                daemon=True)
+                self._thread.start()
+
+    def discard(self, session: PythonSession) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval()):
+            with self._lock:
+                sessions = list(self._sessions)
+            for session in sessions:
+                try:
+                    session.check_idle()
+                except Exception:  # noqa: BLE001 - one session's trouble is not the others'
+                    logger.exception("idle check of session %s failed", session.session_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
