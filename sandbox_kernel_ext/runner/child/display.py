@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "mime_bundle", "publish", "flush_figures"]
+__all__ = ["install", "mime_bundle", "json_safe", "publish", "flush_figures"]
 
 # `_repr_*_` methods in the order IPython's DisplayFormatter knows them.
 _REPR_METHODS = (
@@ -98,7 +98,7 @@ def mime_bundle(obj: Any, include: Any = None, exclude: Any = None) -> tuple[dic
     return data, metadata
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def json_safe(value: Any, depth: int = 0) -> Any:
     """What JSON can carry of a bundle value; the rest as its text (the trusted side checks
     every value again)."""
     if depth > 32:
@@ -106,9 +106,9 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item, depth + 1) for item in value]
+        return [json_safe(item, depth + 1) for item in value]
     if isinstance(value, dict):
-        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(bytes(value)).decode("ascii")
     return _text(value)
@@ -120,7 +120,7 @@ def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, *,
     if _send is None:
         return
     _flush_streams()
-    _send({"type": "display", "data": _json_safe(data), "metadata": _json_safe(metadata or {}),
+    _send({"type": "display", "data": json_safe(data), "metadata": json_safe(metadata or {}),
            "display_id": display_id, "update": update})
 
 

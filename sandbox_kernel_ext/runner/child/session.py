@@ -225,8 +225,8 @@ def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
     namespace["_"] = value
     data, metadata = display.mime_bundle(value)
     _flush()
-    inside.send_frame({"type": "result", "data": display._json_safe(data),
-                       "metadata": display._json_safe(metadata)})
+    inside.send_frame({"type": "result", "data": display.json_safe(data),
+                       "metadata": display.json_safe(metadata)})
 
 
 def error_report(exc: BaseException) -> dict[str, Any]:

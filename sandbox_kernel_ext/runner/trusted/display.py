@@ -7,13 +7,14 @@ format by format, what crosses and how it renders (the README has the table):
 
 - as they are: `text/plain` (control characters removed), `image/png`, `image/jpeg`,
   `image/gif` (checked to be base64), `application/json` (a tree viewer, no markup);
-- isolated: `text/html` renders inside an `<iframe sandbox="allow-scripts">` without
-  `allow-same-origin`, so it runs in an opaque origin (no cookies, no token, no parent DOM),
-  under a Content-Security-Policy that lets only our own sizing script run and loads nothing
-  from any network; `image/svg+xml` becomes an `<img>` of a data URL (an SVG image never runs
-  script);
-- checked: `text/markdown` without raw HTML and with only http(s), mailto, anchor or relative
-  links; `text/latex` without the commands that make links, styles or HTML;
+- isolated: `text/html` is written again without anything that acts by itself (`inert_html`:
+  no refresh, frames, objects, scripts or event handlers) and renders inside an
+  `<iframe sandbox="allow-scripts">` without `allow-same-origin`, so it runs in an opaque
+  origin (no cookies, no token, no parent DOM), under a Content-Security-Policy that lets only
+  our own sizing script run and loads nothing from any network; `image/svg+xml` becomes an
+  `<img>` of a data URL (an SVG image never runs script);
+- checked: `text/markdown` without raw HTML, links or images; `text/latex` without the
+  commands that make links, styles or HTML (both checked after cleaning);
 - dropped: `application/javascript`, every renderer-specific type (`application/vnd.*`:
   widgets, plotly, vega...) and anything else; the text/plain form still shows, and for a
   widget a line says why it is not live.
@@ -30,13 +31,14 @@ import html
 import json
 import re
 import secrets
-from html.parser import HTMLParser
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from typing import Any
 
 __all__ = [
     "DisplayOutput", "MAX_BUNDLE_BYTES", "check_bundle", "safe_bundle", "format_error",
-    "clean_text", "isolated_html",
+    "clean_text", "clean_stream", "inert_html", "isolated_html", "bundle_size",
+    "namespaced_display_id",
 ]
 
 MAX_BUNDLE_BYTES = 8 * 1024 * 1024  # one display's data, as the JSON it arrived in
@@ -268,8 +270,9 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
                 meta[mime] = found
     if isinstance(data.get("application/json"), (dict, list)):
         try:
+            # No NaN or infinity: the kernel's message encoder refuses them.
             out["application/json"] = json.loads(_valid_unicode(json.dumps(
-                data["application/json"], ensure_ascii=False)))
+                data["application/json"], ensure_ascii=False, allow_nan=False)))
         except (TypeError, ValueError, RecursionError):
             pass
     markup = data.get("text/html")
