@@ -8,6 +8,7 @@ cell shows.
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import math
@@ -341,6 +342,7 @@ class SandboxMagics(Magics):
         self._ceilings: dict[tuple[Any, ...], tuple[CapabilityDeclaration, str, str]] = {}
         self._narrowed: dict[tuple[Any, ...], CapabilityDeclaration] = {}
         self._keys: dict[int, tuple[CapabilityDeclaration, str]] = {}
+        self._parsed: dict[str, Any] = {}
 
     # -- settings ---------------------------------------------------------------------------------
     @validate("approval_timeout", "render_timeout", "gauge_interval", "timeout")
@@ -523,7 +525,7 @@ class SandboxMagics(Magics):
         Options may only narrow that policy: lower budgets, fewer paths, fewer destinations.
         Output streams live; a failure or a kill raises SandboxCellError with the reason.
         """
-        args = magic_arguments.parse_argstring(self.sandbox_cell, line)
+        args = self._parse(line)
         inputs, outputs = self._variables(args)
         if args.shell and (args.fresh or args.session != "default"):
             raise UsageError("--session and --fresh are for Python cells; a --shell cell "
@@ -600,6 +602,18 @@ class SandboxMagics(Magics):
         finally:
             if args.fresh:
                 session.close()
+
+    def _parse(self, line: str) -> Any:
+        """The options of a `%%sandbox` line, parsed once per distinct line (a notebook
+        repeats its lines; argparse would be a tenth of a quick cell's cost)."""
+        parsed = self._parsed.get(line)
+        if parsed is None:
+            parsed = magic_arguments.parse_argstring(self.sandbox_cell, line)
+            if len(self._parsed) >= 256:
+                self._parsed.clear()
+            self._parsed[line] = parsed
+        return argparse.Namespace(**{key: list(value) if isinstance(value, list) else value
+                                     for key, value in vars(parsed).items()})
 
     def _variables(self, args: Any) -> tuple[dict[str, Any], list[str]]:
         inputs = _names(args.input, "-i/--input")

@@ -49,9 +49,9 @@ FLUSH_INTERVAL = 0.05  # the most printed text waits before the trusted side see
 
 
 class _SessionStream(io.TextIOWrapper):
-    """stdout/stderr of a session: buffered, flushed before every frame (so text stays
-    before the display it preceded, and a quick cell's text goes with its end) and by a
-    flusher thread within FLUSH_INTERVAL (so a long cell's output is live)."""
+    """stdout/stderr of a session: written at each line's end (so a line stays before what a
+    subprocess prints after it), flushed before every frame (text stays before the display
+    it preceded) and, for a line not yet ended, by a flusher thread within FLUSH_INTERVAL."""
 
     def write(self, text: str) -> int:
         written = super().write(text)
@@ -107,7 +107,8 @@ _flusher = _Flusher()
 def _open_streams() -> None:
     def stream(fd: int) -> io.TextIOWrapper:
         raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False), buffer_size=1 << 16)
-        return _SessionStream(raw, encoding="utf-8", errors="backslashreplace")
+        return _SessionStream(raw, encoding="utf-8", errors="backslashreplace",
+                              line_buffering=True)
 
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                  encoding="utf-8")

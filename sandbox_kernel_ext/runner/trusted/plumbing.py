@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 import os
-import selectors
+import select
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -138,60 +138,50 @@ def pump(streams: dict[int, OutputStream], control: ControlChannel | None, *,
          tick: Callable[[], float], until: Callable[[], bool] | None = None) -> None:
     """Read the pipes and the control channel as they have data, until every one reached end
     of file or `until()` holds (then what the pipes already hold is read too). `tick()` runs
-    each round and says how long to wait for data."""
-    selector = selectors.DefaultSelector()
-    for fd in streams:
-        selector.register(fd, selectors.EVENT_READ)
-    if control is not None:
-        selector.register(control.fileno(), selectors.EVENT_READ)
-    open_fds = len(selector.get_map())
-    try:
-        while open_fds and not (until is not None and until()):
-            # Pipes first: text a cell printed before a display comes before it.
-            ready = sorted((key.fd for key, _ in selector.select(timeout=tick())),
-                           key=lambda fd: fd not in streams)
-            for fd in ready:
-                try:
-                    data = os.read(fd, _READ_CHUNK)
-                except BlockingIOError:
-                    continue  # woken for nothing (a non-blocking socket)
-                except OSError:  # reset, or closed under us (ended from another thread)
-                    data = b""
-                if fd in streams:
-                    if data:
-                        streams[fd].feed(data)
-                elif control is not None:
-                    if data:
-                        control.feed(data)
-                    else:
-                        control.finish()
-                if not data:
-                    selector.unregister(fd)
-                    open_fds -= 1
-        if until is not None and until():
-            drain(streams)
-    finally:
-        selector.close()
+    each round and says how long to wait for data. (`poll`, not epoll: it makes no kernel
+    object, and a session's quick cell pumps twice.)"""
+    poller = select.poll()
+    watched = set(streams) | ({control.fileno()} if control is not None else set())
+    for fd in watched:
+        poller.register(fd, select.POLLIN)
+    while watched and not (until is not None and until()):
+        # Pipes first: text a cell printed before a display comes before it.
+        ready = sorted((fd for fd, _ in poller.poll(tick() * 1000)),
+                       key=lambda fd: fd not in streams)
+        for fd in ready:
+            try:
+                data = os.read(fd, _READ_CHUNK)
+            except BlockingIOError:
+                continue  # woken for nothing (a non-blocking socket)
+            except OSError:  # reset, or closed under us (ended from another thread)
+                data = b""
+            if fd in streams:
+                if data:
+                    streams[fd].feed(data)
+            elif control is not None:
+                if data:
+                    control.feed(data)
+                else:
+                    control.finish()
+            if not data:
+                poller.unregister(fd)
+                watched.discard(fd)
+    if until is not None and until():
+        drain(streams)
 
 
 def drain(streams: dict[int, OutputStream]) -> None:
     """Read what the pipes hold now, without waiting for more."""
-    selector = selectors.DefaultSelector()
+    poller = select.poll()
     for fd in streams:
-        try:
-            selector.register(fd, selectors.EVENT_READ)
-        except (OSError, ValueError):  # closed under us: nothing to read there
-            continue
-    try:
-        while ready := selector.select(timeout=0):
-            for key, _ in ready:
-                try:
-                    data = os.read(key.fd, _READ_CHUNK)
-                except OSError:
-                    data = b""
-                if not data:
-                    selector.unregister(key.fd)
-                    continue
-                streams[key.fd].feed(data)
-    finally:
-        selector.close()
+        poller.register(fd, select.POLLIN)
+    while ready := poller.poll(0):
+        for fd, event in ready:
+            try:
+                data = os.read(fd, _READ_CHUNK) if not event & select.POLLNVAL else b""
+            except OSError:  # closed under us: nothing more to read there
+                data = b""
+            if not data:
+                poller.unregister(fd)
+                continue
+            streams[fd].feed(data)

@@ -327,7 +327,8 @@ class PythonSession:
             ename, evalue, traceback = events.error
             error = {"ename": ename, "evalue": evalue, "traceback": traceback}
         exit_code = -1 if killed else (_exit_code(error) if error else 0)
-        return SandboxResult(
+        # Built from checked values of ours: validation would only cost every cell its time.
+        return SandboxResult.model_construct(
             exit_code=exit_code, stdout=stdout, stderr=stderr,
             duration_ms=(time.monotonic() - started) * 1000, resource_usage=usage,
             killed=killed, variables={} if killed else (events.variables or {}),
