@@ -206,9 +206,15 @@ def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
             display.flush_figures()
         except BaseException:  # noqa: BLE001
             pass
-    _flush()
-    inside.send_frame({"type": "done", "cell": number, "status": "error" if error else "ok",
-                       "values": values, "error": error})
+    # An interrupt that comes as the cell ends waits until its end is sent (else the trusted
+    # side would wait for it, and end the session); it then finds no cell to stop.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        _flush()
+        inside.send_frame({"type": "done", "cell": number, "status": "error" if error else "ok",
+                           "values": values, "error": error})
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:

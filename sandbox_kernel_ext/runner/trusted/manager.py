@@ -1,9 +1,10 @@
 """aumai-sandbox's `SandboxManager`, with the confinement enforced by the Linux kernel.
 
 Each sandbox is a policy, a private temporary folder and a state; each `execute` or
-`run_python` forks a confined child through the launcher (`launcher.py`), streams its output,
-watches its whole process tree with a `ResourceMonitor`, and kills the tree (PID 1 of its
-namespace) on a breach, a timeout or an interrupt.
+`run_python` forks a confined child through the launcher (`launcher_client.py` here,
+`launcher/server.py` in its own process), streams its output, watches its whole process tree
+with a `ResourceMonitor`, and kills the tree (PID 1 of its namespace) on a breach, a timeout
+or an interrupt. `start_session` starts a child that serves many cells (`session.py`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class SandboxManager:
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
     `strict: true` does the same for its sandboxes).
     `broker`: decides approval-gated opens from sandboxed cells (an `ApprovalBroker`; the
-    default asks nobody and denies). Share it with toolsets in the Jupyter kernel so grants cover both.
+    default asks nobody and denies). Share it with toolsets in the Jupyter kernel so grants
+    cover both.
     `egress_resolver`: for tests only, `(host, port) -> [addresses]` used by the egress proxy
     instead of DNS; nothing in a policy file can set it.
     """
