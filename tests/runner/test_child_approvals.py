@@ -446,3 +446,33 @@ print("asked them all")
 """, timeout=1.0)
     assert result.killed == "timeout after 1 s" and "asked them all" not in result.stdout
     assert result.resource_usage["elapsed_seconds"] < result.resource_usage["wall_seconds"]
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+def test_an_answer_an_interrupt_abandoned_never_answers_a_later_request(gated, person, roots) -> None:
+    """A session cell interrupted while it waits for a person: the answer that comes later
+    is for that request alone. The next cell's own request gets its own answer (here a
+    refusal), not the stale approval with its descriptor for the other file."""
+    (roots / "secret" / "other.txt").write_text("the other secret\n")
+    sid = gated.create_sandbox(_policy(roots))
+    with gated.start_session(sid) as session:
+        key, other = roots / "secret" / "key.txt", roots / "secret" / "other.txt"
+        thread, box = _in_background(lambda: session.run_cell(
+            f"print(open({str(key)!r}).read())", timeout=60))
+        person.wait_for_question("/secret/key.txt")
+        session.interrupt()
+        thread.join(timeout=60)
+        assert box and box[0].error is not None and box[0].error["ename"] == "KeyboardInterrupt"
+        # The next cell asks while the person still looks at the first question; the one
+        # worker answers in order, so the late yes reaches the child while it waits for its
+        # own answer.
+        thread, box = _in_background(lambda: session.run_cell(
+            f"try:\n    print(open({str(other)!r}).read())\n"
+            f"except PermissionError as exc:\n    print('refused:', exc)", timeout=60))
+        person.answer("/secret/key.txt", Decision.allow_once)
+        person.wait_for_question("/secret/other.txt")
+        person.answer("/secret/other.txt", Decision.deny)
+        thread.join(timeout=60)
+        assert box and "refused:" in box[0].stdout, box[0].stdout + box[0].stderr
+        assert "the secret" not in box[0].stdout

@@ -74,9 +74,13 @@ class _Channel:
                 if reply is None:
                     raise PermissionError(errno.EACCES,
                                           "the trusted side closed the control channel")
-                if reply.get("type") == "reply":
+                if reply.get("type") != "reply":
+                    self._commands.append(reply)
+                elif reply.get("id") == frame["id"]:
                     return reply, fds
-                self._commands.append(reply)
+                else:  # the answer to a request an interrupt abandoned: not this one's
+                    for fd in fds:
+                        _os_close(fd)
 
     def next_command(self) -> dict[str, Any] | None:
         """The trusted side's next command (blocks); None once it hung up."""
