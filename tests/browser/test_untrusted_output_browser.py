@@ -291,7 +291,8 @@ def test_sandboxed_output_cannot_script_the_page_and_harmless_output_shows(
             assert script.startswith(PAGE_SCRIPT_START), script[:200]
             assert "PW" not in script and "pwned" not in script and "<" not in script
         output_frames = [f for f in state["frames"] if f["cls"] == "sandbox-output"]
-        assert len(output_frames) == 8, state["frames"]  # table, DataFrame, 6 hostile HTML
+        # table, DataFrame, 6 hostile HTML and 3 hostile Markdown (rendered as HTML, isolated)
+        assert len(output_frames) == 11, state["frames"]
         for frame in output_frames:
             assert frame["sandbox"] == "allow-scripts" and frame["hasSrcdoc"], frame
             assert frame["src"] is None, frame
@@ -312,11 +313,15 @@ def test_sandboxed_output_cannot_script_the_page_and_harmless_output_shows(
             assert rendered.count() == 0, (ident, rendered.evaluate_all(OUTER))  # no SVG, link
             if "svg" in ident:
                 assert (frames, svg_images) == (0, 1), ident
-            elif "html" in ident or ident == "d-javascript":  # its raw bundle had text/html
+            else:  # HTML, a raw bundle with text/html, Markdown made HTML here: isolated
                 assert (frames, svg_images) == (1, 0), ident
-            else:  # markdown with raw HTML or javascript: links: only its text/plain
-                assert output.locator("iframe, img").count() == 0, (ident, text)
-                assert "IPython.core.display.Markdown object" in text, (ident, text)
+        # Markdown renders (as HTML in its frame) with its scripts, handlers and links gone.
+        for ident in ("d-markdown", "r-markdown"):
+            output = nb.output(first_hostile + list(hostile).index(ident))
+            body = output.frame_locator("iframe.sandbox-output").locator("body")
+            assert "hostile markdown" in body.locator("h1").inner_text(), ident
+            markup = body.inner_html()
+            assert "onerror" not in markup and "<script" not in markup, (ident, markup[:500])
         # The harmless part of a hostile HTML display still shows (in its frame).
         for ident, words in (("d-html-script", "html with a script"),
                              ("r-html-script", "result with a script")):

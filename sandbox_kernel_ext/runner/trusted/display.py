@@ -13,11 +13,13 @@ format by format, what crosses and how it renders (the README has the table):
   origin (no cookies, no token, no parent DOM), under a Content-Security-Policy that lets only
   our own sizing script run and loads nothing from any network; `image/svg+xml` becomes an
   `<img>` of a data URL (an SVG image never runs script);
-- checked: `text/markdown` without raw HTML, links or images; `text/latex` without the
-  commands that make links, styles or HTML (both checked after cleaning);
-- dropped: `application/javascript`, every renderer-specific type (`application/vnd.*`:
-  widgets, plotly, vega...) and anything else; the text/plain form still shows, and for a
-  widget a line says why it is not live.
+- rendered here, then isolated: `text/markdown` becomes HTML on this side (mistune) and
+  crosses as isolated HTML: the page's own Markdown renderer would typeset its math (MathJax
+  styles load URLs and move text over the page) and draw its mermaid diagrams (CSS of their
+  own), and would render raw HTML and make links;
+- dropped: `text/latex` (MathJax again), `application/javascript`, every renderer-specific
+  type (`application/vnd.*`: widgets, plotly, vega...) and anything else; the text/plain form
+  still shows, and for a widget a line says why it is not live.
 
 Nothing here raises on hostile input except `ValueError` for a frame of the wrong shape.
 """
@@ -34,6 +36,8 @@ import secrets
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
+
+import mistune
 
 __all__ = [
     "DisplayOutput", "MAX_BUNDLE_BYTES", "check_bundle", "safe_bundle", "format_error",
@@ -56,9 +60,9 @@ _ESCAPE_SEQUENCE = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?|\x9b[0-?]*[ -/]*[@-~]")
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
 _STREAM_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]")
-_LATEX_ACTIVE = re.compile(
-    r"\\(href|url|html|class|style|cssid|data|unicode|require|mmltoken|def|let|newcommand|"
-    r"renewcommand|define|begingroup|enclose|toggle|texttip|tooltip|mathtip)", re.IGNORECASE)
+# Markdown as HTML, made here: tables and strike-through as GitHub's Markdown has them; no
+# autolinks (a link is a click away from leaving anyway, and none opens from the frame).
+_MARKDOWN = mistune.create_markdown(escape=False, plugins=["table", "strikethrough"])
 WIDGET_NOTE = ("[sandbox] an ipywidget made inside the sandbox is not live here: widgets need "
                "a connection to the notebook page, which does not cross the sandbox")
 
@@ -131,15 +135,6 @@ def _base64_image(value: str) -> str | None:
     return base64.b64encode(raw).decode("ascii")
 
 
-def _markdown_is_inert(text: str) -> bool:
-    """Markdown (already cleaned) that can make no element that acts by itself: no `<` (raw
-    HTML, autolinks) and no `](` or `]:` (every link, image and link definition needs one of
-    them, in any nesting: block quotes, lists, escaped labels). Links and images are worth
-    less than this certainty: such Markdown shows as its text. (A bare http(s) URL still
-    becomes a link, which does nothing until a person clicks it.)"""
-    return "<" not in text and "](" not in text and "]:" not in text
-
-
 def _image_metadata(metadata: dict[str, Any], mime: str) -> dict[str, Any]:
     meta = metadata.get(mime)
     if not isinstance(meta, dict):
@@ -157,6 +152,9 @@ _DROPPED = frozenset({"meta", "base", "link", "script", "noscript", "iframe", "f
                       "template", "noembed", "noframes"})
 _VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
                    "source", "track", "wbr", "frame", "param"})
+# A frame's own document (srcdoc); a link's or form's target (`_self` would navigate the frame
+# on a click, past our `<base target="_blank">`); a ping on click.
+_DROPPED_ATTRIBUTES = frozenset({"srcdoc", "target", "formtarget", "ping"})
 _TAG_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
 _ATTRIBUTE_NAME = re.compile(r"[a-z_:][-a-z0-9_:.]*\Z")
 
@@ -192,7 +190,8 @@ class _InertHTML(HTMLParser):
         kept = "".join(
             f" {name}" if value is None else f" {name}=\"{html.escape(value, quote=True)}\""
             for name, value in attrs
-            if _ATTRIBUTE_NAME.match(name) and not name.startswith("on") and name != "srcdoc")
+            if _ATTRIBUTE_NAME.match(name) and not name.startswith("on")
+            and name not in _DROPPED_ATTRIBUTES)
         self.out.append(f"<{tag}{kept}{' /' if closed else ''}>")
         self._raw = tag == "style" and not closed
 
@@ -276,6 +275,8 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
         except (TypeError, ValueError, RecursionError):
             pass
     markup = data.get("text/html")
+    if not isinstance(markup, str) and isinstance(data.get("text/markdown"), str):
+        markup = _MARKDOWN(clean_text(data["text/markdown"]))
     svg = data.get("image/svg+xml")
     svg = _valid_unicode(svg) if isinstance(svg, str) else None
     if isinstance(markup, str):
@@ -284,13 +285,6 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
         source = base64.b64encode(svg.encode("utf-8")).decode("ascii")
         out["text/html"] = (f"<img alt=\"SVG from a sandboxed cell\" "
                             f"src=\"data:image/svg+xml;base64,{source}\">")
-    # Checked after cleaning: a control character removed must not join two harmless halves.
-    markdown = clean_text(data["text/markdown"]) if isinstance(data.get("text/markdown"), str) else None
-    if markdown is not None and _markdown_is_inert(markdown):
-        out["text/markdown"] = markdown
-    latex = clean_text(data["text/latex"]) if isinstance(data.get("text/latex"), str) else None
-    if latex is not None and "<" not in latex and not _LATEX_ACTIVE.search(latex):
-        out["text/latex"] = latex
     if _WIDGET in data:
         plain = (plain + "\n" if plain else "") + WIDGET_NOTE
     if not plain and not out:
