@@ -66,7 +66,8 @@ def test_markdown_never_reaches_the_pages_renderer(markdown: str) -> None:
     assert data["text/html"].startswith('<iframe id="sandbox-frame-')
     body = data["text/html"].split("&lt;body&gt;", 1)[1].split("&lt;/body&gt;", 1)[0]
     assert "javascript:" not in body
-    assert not re.search(r"target=|&lt;meta|&lt;img[^&]*onerror|&lt;script", body), body
+    assert not re.search(r"target=&quot;(?!_blank&quot;)|&lt;meta|&lt;img[^&]*onerror|&lt;script",
+                         body), body
 
 
 def test_markdown_renders_as_html_in_its_frame() -> None:
@@ -98,3 +99,14 @@ def test_streams_keep_colours_and_lose_terminal_commands() -> None:
     text = "a\x1b[31mred\x1b[0m\x1b]52;c;c2VjcmV0\x07\x1b]0;title\x1b\\\r\x1b[2Jb\x07\x08c"
     assert clean_stream(text) == "a\x1b[31mred\x1b[0m\rbc"
     assert clean_text("\x1b[31mx\u202e") == "[31mx"
+
+
+def test_every_link_opens_nothing_from_the_frame() -> None:
+    """A link's own target (`_self`, `_top`) would navigate the frame past our `<base>`, and
+    SVG's `<a>` ignores `<base>`: each is written with target _blank, which a frame without
+    allow-popups cannot open."""
+    out = inert_html('<svg><a href="https://x" target="_self"><rect/></a></svg>'
+                     '<a href="y" target="_top">y</a><map><area href="z" target="_self"></map>'
+                     '<form action="w" target="_self"><button formtarget="_top">b</button></form>')
+    assert re.findall(r'target="([^"]*)"', out) == ["_blank"] * 4
+    assert "formtarget" not in out

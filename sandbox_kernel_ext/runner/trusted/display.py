@@ -155,6 +155,9 @@ _VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "
 # A frame's own document (srcdoc); a link's or form's target (`_self` would navigate the frame
 # on a click, past our `<base target="_blank">`); a ping on click.
 _DROPPED_ATTRIBUTES = frozenset({"srcdoc", "target", "formtarget", "ping"})
+# Elements a click follows: each is written with target="_blank", which a frame without
+# allow-popups cannot open, so a click navigates nothing.
+_LINKS = frozenset({"a", "area", "form"})
 _TAG_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
 _ATTRIBUTE_NAME = re.compile(r"[a-z_:][-a-z0-9_:.]*\Z")
 
@@ -192,6 +195,8 @@ class _InertHTML(HTMLParser):
             for name, value in attrs
             if _ATTRIBUTE_NAME.match(name) and not name.startswith("on")
             and name not in _DROPPED_ATTRIBUTES)
+        if tag in _LINKS:  # SVG's <a> takes no <base target>: each says where it opens
+            kept += ' target="_blank"'
         self.out.append(f"<{tag}{kept}{' /' if closed else ''}>")
         self._raw = tag == "style" and not closed
 
