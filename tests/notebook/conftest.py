@@ -276,3 +276,20 @@ def kernel(kernel_session: KernelSession) -> Iterator[KernelSession]:
     """The module's kernel, left idle after each test even if the test failed mid-cell."""
     yield kernel_session
     kernel_session.settle()
+
+
+def value(k: KernelSession, expression: str) -> Any:
+    """A kernel-side expression's value (JSON), computed in the kernel itself."""
+    msg_id = k.run(f"import json as _json; print(_json.dumps({expression}))")
+    return json.loads(k.text(msg_id, "stdout").strip().splitlines()[-1])
+
+
+def error_line(k: KernelSession, msg_id: str) -> str:
+    """`ename: evalue` of the cell's error; IPython's UsageError arrives as stderr text."""
+    error = k.error(msg_id)
+    if error is not None:
+        return f"{error['ename']}: {error['evalue']}"
+    usage = [line for line in k.text(msg_id, "stderr").splitlines()
+             if line.startswith("UsageError")]
+    assert usage, f"cell did not fail; output: {k.outputs(msg_id)!r}"
+    return usage[0]

@@ -7,7 +7,6 @@ and are open to uid 65534, the user sandboxed children run as when the kernel is
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import LIVENESS, KernelSession
+from conftest import LIVENESS, KernelSession, error_line, value
 
 EXTENSION = "sandbox_kernel_ext.notebook"
 MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
@@ -48,20 +47,8 @@ def cell(k: KernelSession, code: str, *, timeout: float = LIVENESS) -> str:
     return msg_id
 
 
-def error_line(k: KernelSession, msg_id: str) -> str:
-    """`ename: evalue` of the cell's error; IPython's UsageError arrives as stderr text."""
-    error = k.error(msg_id)
-    if error is not None:
-        return f"{error['ename']}: {error['evalue']}"
-    usage = [line for line in k.text(msg_id, "stderr").splitlines()
-             if line.startswith("UsageError")]
-    assert usage, f"cell did not fail; output: {k.text(msg_id)!r}"
-    return usage[0]
 
 
-def value(k: KernelSession, expression: str) -> object:
-    msg_id = k.run(f"import json as _json; print(_json.dumps({expression}))")
-    return json.loads(k.text(msg_id, "stdout").strip().splitlines()[-1])
 
 
 def write_policy(folder: Path, text: str) -> Path:

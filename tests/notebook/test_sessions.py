@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import LIVENESS, KernelSession, Message, running_kernel
+from conftest import LIVENESS, KernelSession, Message, error_line, running_kernel, value
 
 EXTENSION = "sandbox_kernel_ext"
 MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
@@ -60,10 +60,6 @@ def ok(k: KernelSession, code: str) -> str:
     return k.run(textwrap.dedent(code).lstrip("\n"))
 
 
-def value(k: KernelSession, expression: str) -> Any:
-    """A kernel-side expression's value (JSON), computed in the kernel itself."""
-    msg_id = k.run(f"import json as _json; print(_json.dumps({expression}))")
-    return json.loads(k.text(msg_id, "stdout").strip().splitlines()[-1])
 
 
 def of_type(k: KernelSession, msg_id: str, msg_type: str) -> list[dict[str, Any]]:
@@ -81,15 +77,6 @@ def displays(k: KernelSession, msg_id: str) -> list[dict[str, Any]]:
     return of_type(k, msg_id, "display_data")
 
 
-def error_line(k: KernelSession, msg_id: str) -> str:
-    """`ename: evalue` of the cell's error; IPython's UsageError arrives as stderr text."""
-    error = k.error(msg_id)
-    if error is not None:
-        return f"{error['ename']}: {error['evalue']}"
-    usage = [line for line in k.text(msg_id, "stderr").splitlines()
-             if line.startswith("UsageError")]
-    assert usage, f"cell did not fail; output: {k.outputs(msg_id)!r}"
-    return usage[0]
 
 
 def execution_count(k: KernelSession, msg_id: str) -> int:
