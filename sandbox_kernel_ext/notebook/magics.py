@@ -452,7 +452,10 @@ class SandboxMagics(Magics):
             self._resources.sessions[key] = entry
         if entry.session is None or not entry.session.alive:
             if entry.session is not None:
-                entry.session.close()
+                ended = entry.session
+                ended.close()
+                print(f"[sandbox] session {name!r} had ended ({ended.end_reason}); this cell "
+                      "starts a new one, without its variables", file=sys.stderr)
             entry.session = self.manager.start_session(entry.sandbox.sandbox_id)
         return entry.session
 

@@ -82,7 +82,10 @@ class PythonSession:
     # -- state ------------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return self.end_reason is None and not self._child.exited.is_set()
+        """Not ended, not being killed (a breach between cells: a frame that broke the
+        protocol), and its process still there."""
+        return (self.end_reason is None and self._sandbox.kill_reason is None
+                and not self._child.exited.is_set())
 
     @property
     def state(self) -> str:
@@ -139,7 +142,7 @@ class PythonSession:
         except Exception as exc:  # noqa: BLE001
             raise SandboxError(f"input variables cannot be sent to the sandbox: {exc}") from None
         if not self.alive:
-            self._end("its process exited")
+            self._end(self._sandbox.kill_reason or "its process exited")
         with self._lock:
             if not self.alive:
                 raise SessionEnded(f"the session has ended ({self.end_reason or 'its process exited'}); "
@@ -181,7 +184,6 @@ class PythonSession:
         self._monitor = sandbox.monitor = monitor
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         started = time.monotonic()
-        sandbox.kill_reason = None
         watching = []
 
         def watch() -> None:  # once the cell is not a quick one
