@@ -33,6 +33,7 @@ import html
 import json
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
@@ -149,7 +150,10 @@ def _image_metadata(metadata: dict[str, Any], mime: str) -> dict[str, Any]:
 # not render: dropped with everything inside them.
 _DROPPED = frozenset({"meta", "base", "link", "script", "noscript", "iframe", "frame",
                       "frameset", "object", "embed", "applet", "portal", "fencedframe",
-                      "template", "noembed", "noframes"})
+                      "template", "noembed", "noframes",
+                      # SVG animation can set a link's target to _self (a click then
+                      # navigates the frame) or its href: no animation crosses.
+                      "set", "animate"})
 _VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
                    "source", "track", "wbr", "frame", "param"})
 # A frame's own document (srcdoc); a link's or form's target (`_self` would navigate the frame
@@ -167,8 +171,9 @@ class _InertHTML(HTMLParser):
     value quoted and escaped, every text escaped, so the browser parses exactly the elements
     this parser saw, and none of the `_DROPPED` ones, event handlers or `srcdoc`s."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
         super().__init__(convert_charrefs=True)
+        self.deadline = deadline
         self.out: list[str] = []
         self._skipping: list[str] = []  # the dropped element we are inside, innermost last
         self._raw = False  # inside <style>: CSS, written with every `<` escaped for CSS
@@ -180,6 +185,7 @@ class _InertHTML(HTMLParser):
         self._start(tag, attrs, closed=True)
 
     def _start(self, tag: str, attrs: list[tuple[str, str | None]], closed: bool) -> None:
+        self._check_time()
         if self._skipping:
             if tag == self._skipping[-1] and not closed and tag not in _VOID:
                 self._skipping.append(tag)
@@ -209,19 +215,33 @@ class _InertHTML(HTMLParser):
         if _TAG_NAME.match(tag) and tag not in _DROPPED:
             self.out.append(f"</{tag}>")
 
+    def _check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise _TooSlow
+
     def handle_data(self, data: str) -> None:
+        self._check_time()
         if self._skipping:
             return
         # In CSS a `<` is only ever text: escaped as CSS, no browser can end the style early.
         self.out.append(data.replace("<", "\\3c ") if self._raw else html.escape(data, quote=False))
 
 
-def inert_html(markup: str) -> str:
+class _TooSlow(Exception):
+    """Markup that would hold the kernel's thread (HTMLParser is quadratic on some inputs)."""
+
+
+def inert_html(markup: str) -> str | None:
     """`markup` written again so that nothing in it acts by itself (see `_InertHTML`);
-    comments, declarations and processing instructions go."""
-    parser = _InertHTML()
-    parser.feed(_valid_unicode(markup))
-    parser.close()
+    comments, declarations and processing instructions go. None for markup whose parse
+    passes its time budget (1 s, and 1 s more per MB): a display is no way to hold the
+    kernel's thread (Python's parser takes quadratic time on unclosed tags)."""
+    parser = _InertHTML(time.monotonic() + 1.0 + len(markup) / 1e6)
+    try:
+        parser.feed(_valid_unicode(markup))
+        parser.close()
+    except _TooSlow:
+        return None
     return "".join(parser.out)
 
 
@@ -284,8 +304,9 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
         markup = _MARKDOWN(clean_text(data["text/markdown"]))
     svg = data.get("image/svg+xml")
     svg = _valid_unicode(svg) if isinstance(svg, str) else None
-    if isinstance(markup, str):
-        out["text/html"] = isolated_html(inert_html(markup))
+    inert = inert_html(markup) if isinstance(markup, str) else None
+    if inert is not None:
+        out["text/html"] = isolated_html(inert)
     elif svg is not None:
         source = base64.b64encode(svg.encode("utf-8")).decode("ascii")
         out["text/html"] = (f"<img alt=\"SVG from a sandboxed cell\" "
