@@ -207,15 +207,11 @@ class _Resources:
         self.egress_history += self.egress_of(sandbox_id)
         self.manager.destroy(sandbox_id)
 
-    def drop_sessions(self, name: str | None = None) -> list[str]:
-        """End the sessions called `name` (all when None) and their sandboxes; their names."""
-        dropped = []
-        for key, entry in list(self.sessions.items()):
-            if name is None or entry.name == name:
-                del self.sessions[key]
-                dropped.append(entry.name)
-                self.destroy(entry.sandbox.sandbox_id)
-        return dropped
+    def drop_sessions(self) -> None:
+        """End every session and destroy its sandbox."""
+        for entry in self.sessions.values():
+            self.destroy(entry.sandbox.sandbox_id)
+        self.sessions.clear()
 
     def end_sessions(self, name: str | None = None) -> list[str]:
         """End the processes of the sessions called `name` (all when None); their sandboxes

@@ -293,3 +293,12 @@ def error_line(k: KernelSession, msg_id: str) -> str:
              if line.startswith("UsageError")]
     assert usage, f"cell did not fail; output: {k.outputs(msg_id)!r}"
     return usage[0]
+
+
+@pytest.fixture(scope="module")
+def extension_unloaded_at_the_end(kernel_session: KernelSession) -> Iterator[None]:
+    """The module's kernel is killed at its end: unload the extension first, so nothing it
+    started is left."""
+    yield
+    kernel_session.settle()
+    kernel_session.run("%unload_ext sandbox_kernel_ext")

@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -24,12 +23,7 @@ EXTENSION = "sandbox_kernel_ext.notebook"
 MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def unloaded_at_the_end(kernel_session: KernelSession) -> Iterator[None]:
-    """The kernel is killed at the end of the module: unload first, so nothing is left."""
-    yield
-    kernel_session.settle()
-    kernel_session.run(f"%unload_ext {EXTENSION}")
+pytestmark = pytest.mark.usefixtures("extension_unloaded_at_the_end")
 
 
 @pytest.fixture

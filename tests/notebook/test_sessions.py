@@ -14,7 +14,6 @@ import json
 import queue
 import re
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -30,12 +29,7 @@ LIVE_PIDS = (f"sorted(e.session.pid for e in {SESSIONS}.values() "
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def unloaded_at_the_end(kernel_session: KernelSession) -> Iterator[None]:
-    """The kernel is killed at the end of the module: unload first, so nothing is left."""
-    yield
-    kernel_session.settle()
-    kernel_session.run(f"%unload_ext {EXTENSION}")
+pytestmark = pytest.mark.usefixtures("extension_unloaded_at_the_end")
 
 
 @pytest.fixture
