@@ -14,6 +14,8 @@ from .approval import (
     Decision,
     HeadlessResponder,
     TerminalResponder,
+    default_responder,
+    set_default_responder,
 )
 from .files import (
     ChangeResult,
@@ -91,6 +93,6 @@ __all__ = [
     "SandboxTier", "SandboxViolationError", "SuffixNotAllowedError", "TerminalResponder", "TerminalTool", "Tool",
     "ToolError", "WriteResult", "check_egress", "filesystem_list", "filesystem_read",
     "filesystem_write", "check_limits", "isolation_report", "load_ipython_extension",
-    "report_usage", "unload_ipython_extension",
+    "report_usage", "unload_ipython_extension", "default_responder", "set_default_responder",
     "validate_path_access",
 ]

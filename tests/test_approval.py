@@ -23,6 +23,8 @@ from sandbox_kernel_ext.approval import (
     Decision,
     HeadlessResponder,
     TerminalResponder,
+    default_responder,
+    set_default_responder,
 )
 from sandbox_kernel_ext.policy.errors import ApprovalDeniedError, SandboxViolationError
 
@@ -122,10 +124,46 @@ def test_default_broker_is_headless_deny_with_clear_reason() -> None:
     assert not decision.allowed
     assert decision.decided_by == "headless policy"
     assert "nobody can approve it here" in decision.reason
-    assert "Ask the user to approve it in a notebook" in decision.reason
+    # The refusal names the one line that would let someone decide.
+    assert "sandbox_kernel_ext.set_default_responder(" in decision.reason
+    assert "TerminalResponder()" in decision.reason
+    assert "%load_ext sandbox_kernel_ext" in decision.reason
     assert "write_approval" in decision.reason
     read_decision = broker.request(req(access="read"))
     assert "read_approval" in read_decision.reason
+
+
+def test_a_broker_without_a_responder_asks_the_default_installed_at_the_time_of_asking() -> None:
+    broker = ApprovalBroker()  # made before any default is installed
+    asked: list[str] = []
+    undo = set_default_responder(CallbackResponder(lambda r: asked.append(r.path) or True))
+    try:
+        assert broker.follows_default
+        assert broker.request(req(path="/data/a")).allowed
+        assert asked == ["/data/a"]
+        own, _ = broker_with(False)  # a broker with its own responder keeps it
+        assert not own.request(req(path="/data/b")).allowed
+        assert asked == ["/data/a"]
+    finally:
+        undo()
+    assert not broker.request(req(path="/data/c")).allowed
+    assert asked == ["/data/a"]
+
+
+def test_undoing_default_responders_in_any_order_restores_the_one_before() -> None:
+    first = HeadlessResponder(Decision.allow_once, reason="first")
+    second = HeadlessResponder(Decision.allow_once, reason="second")
+    nobody = default_responder()
+    undo_first = set_default_responder(first)
+    undo_second = set_default_responder(second)
+    assert default_responder() is second
+    undo_first()  # out of order: the later one still answers
+    assert default_responder() is second
+    undo_second()
+    undo_second()  # twice is harmless
+    assert default_responder() is nobody
+    with pytest.raises(TypeError):
+        set_default_responder("yes")  # type: ignore[arg-type]
 
 
 def test_headless_can_be_configured_to_allow() -> None:
@@ -135,9 +173,10 @@ def test_headless_can_be_configured_to_allow() -> None:
     assert broker.grants == ()
 
 
-def test_setting_responder_to_none_restores_headless_deny() -> None:
+def test_setting_responder_to_none_follows_the_default_which_denies() -> None:
     broker, _ = broker_with(True)
     broker.responder = None
+    assert broker.follows_default
     assert isinstance(broker.responder, HeadlessResponder)
     assert not broker.request(req()).allowed
 

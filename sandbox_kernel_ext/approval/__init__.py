@@ -16,6 +16,8 @@ from .responders import (
     CallbackResponder,
     HeadlessResponder,
     TerminalResponder,
+    default_responder,
+    set_default_responder,
 )
 
 __all__ = [
@@ -32,4 +34,6 @@ __all__ = [
     "Operation",
     "SessionGrant",
     "TerminalResponder",
+    "default_responder",
+    "set_default_responder",
 ]

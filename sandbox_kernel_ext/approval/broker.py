@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..policy.errors import ApprovalDeniedError, ConfigurationError
 from .request import Access, ApprovalDecision, ApprovalRequest, Decision
-from .responders import ApprovalResponder, HeadlessResponder
+from .responders import ApprovalResponder, default_responder
 
 _logger = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ Subscriber = Callable[[ApprovalRecord], None]
 
 
 class ApprovalBroker:
-    """Decides approval requests: session grants first, then the responder.
+    """Decides approval requests: session grants first, then the responder (its own, or the
+    process default of `set_default_responder` when it was given none).
 
     Thread-safe. The responder runs outside the broker's lock, so a slow person holds up
     only requests for the same path: those wait for the pending answer and then re-check
@@ -76,12 +77,19 @@ class ApprovalBroker:
 
     @property
     def responder(self) -> ApprovalResponder:
-        return self._responder
+        """This broker's own responder, or (when it has none) the process default at the
+        moment of asking: a toolset made before `%load_ext` still asks through the widget."""
+        return self._responder if self._responder is not None else default_responder()
 
     @responder.setter
     def responder(self, value: ApprovalResponder | None) -> None:
-        # None restores the safe default rather than leaving nobody to answer.
-        self._responder = value if value is not None else HeadlessResponder()
+        # None follows the process default, which denies until someone installs one.
+        self._responder = value
+
+    @property
+    def follows_default(self) -> bool:
+        """True when this broker has no responder of its own."""
+        return self._responder is None
 
     @property
     def timeout(self) -> float | None:

@@ -7,6 +7,7 @@ broker can swap them without knowing which kind it holds.
 from __future__ import annotations
 
 import sys
+import threading
 import unicodedata
 from collections.abc import Callable
 from typing import Protocol, TextIO, runtime_checkable
@@ -49,6 +50,51 @@ class HeadlessResponder:
 
     def __repr__(self) -> str:
         return f"HeadlessResponder(decision={self.decision.value!r})"
+
+
+class _NoResponder(HeadlessResponder):
+    """The process default until someone installs a responder: deny, and say which one line
+    would let a person or code decide (outside IPython nobody else can)."""
+
+    def _reason(self, request: ApprovalRequest) -> str:
+        return (
+            "nobody can approve it here (no approval responder is set up in this process, so "
+            "approval-gated calls fail closed). To decide, add one line before the call: "
+            "`sandbox_kernel_ext.set_default_responder(sandbox_kernel_ext.TerminalResponder())` "
+            "to be asked at this terminal, or `...(CallbackResponder(your_function))` to decide "
+            "in code; in a notebook, `%load_ext sandbox_kernel_ext` shows an approval widget; "
+            f"or configure the path without {request.access}_approval"
+        )
+
+
+_NOBODY = _NoResponder()
+_installed: list[tuple[object, ApprovalResponder]] = []  # (token, responder), latest last
+_installed_lock = threading.Lock()
+
+
+def default_responder() -> ApprovalResponder:
+    """Who answers for a broker made without a responder: the latest one installed with
+    `set_default_responder` (the notebook's widget once the extension is loaded), else a
+    refusal that says how to set one."""
+    with _installed_lock:
+        return _installed[-1][1] if _installed else _NOBODY
+
+
+def set_default_responder(responder: ApprovalResponder) -> Callable[[], None]:
+    """Make `responder` answer every approval a broker without its own responder asks
+    (toolsets, tools, handlers and managers built with no broker named). Returns the undo,
+    which restores whatever answered before, in whatever order undos are called."""
+    if not callable(responder):
+        raise TypeError(f"expected an approval responder, got {type(responder).__name__}")
+    token = object()  # the same responder may be installed twice: undo removes this one
+    with _installed_lock:
+        _installed.append((token, responder))
+
+    def undo() -> None:
+        with _installed_lock:
+            _installed[:] = [entry for entry in _installed if entry[0] is not token]
+
+    return undo
 
 
 CallbackResult = bool | Decision | ApprovalDecision

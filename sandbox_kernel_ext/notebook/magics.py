@@ -21,6 +21,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from IPython.core import magic_arguments
@@ -28,7 +29,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from traitlets import Bool, Enum, Float, TraitError, Unicode, observe, validate
 
-from ..approval import ApprovalBroker, ApprovalResponder, Decision, HeadlessResponder
+from ..approval import (
+    ApprovalBroker,
+    ApprovalResponder,
+    Decision,
+    HeadlessResponder,
+    set_default_responder,
+)
 from ..policy.errors import CapabilityParseError, SandboxError, ToolError
 from ..policy.models import CapabilityDeclaration, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
@@ -188,6 +195,9 @@ class _Resources:
         self.sessions: dict[tuple[str, str], _Session] = {}
         self.workspace: str | None = None
         self.egress_history: list[dict[str, Any]] = []  # of sandboxes already destroyed
+        # Every broker made without a responder of its own (a user's toolset, tool, handler
+        # or manager) asks whoever this session's broker asks, until `close`.
+        self.undo_default_responder = set_default_responder(partial(_ask_through, broker))
 
     def egress_of(self, sandbox_id: str) -> list[dict[str, Any]]:
         if self.manager is None:
@@ -227,7 +237,9 @@ class _Resources:
 
     def close(self) -> None:
         """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
-        approval responder take its hooks off the kernel."""
+        approval responder take its hooks off the kernel; give the process its previous
+        default responder back."""
+        self.undo_default_responder()
         try:
             if self.manager is not None:
                 try:
@@ -242,6 +254,13 @@ class _Resources:
         if self.workspace is not None:
             shutil.rmtree(self.workspace, ignore_errors=True)
             self.workspace = None
+
+
+def _ask_through(broker: ApprovalBroker, request: Any, timeout: float | None) -> Any:
+    """Answer as `broker`'s own responder would (never through the default it may follow,
+    which would be this function again)."""
+    responder = HeadlessResponder() if broker.follows_default else broker.responder
+    return responder(request, timeout)
 
 
 def _positive_seconds(name: str, value: float) -> float:

@@ -108,7 +108,7 @@ class SandboxManager:
         self._strict = strict
         self._is_root = os.name == "posix" and os.geteuid() == 0
         self.child_uid = (child_uid if child_uid is not None else NOBODY_UID) if self._is_root else None
-        self.broker = broker if broker is not None else ApprovalBroker()  # headless: deny
+        self.broker = broker if broker is not None else ApprovalBroker()  # the process default decides
         self._egress_resolver = egress_resolver
         self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
         self._idle = IdleWatch(lambda: self.monitor_interval)  # sessions between their cells
