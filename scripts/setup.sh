@@ -42,6 +42,11 @@ quiet_pip() {  # pip's own exit status; its warnings about absent local mirrors 
 quiet_pip --upgrade pip
 quiet_pip -e ".${extras:+[$extras]}"
 case ",$extras," in
-    *,test,*) bash scripts/system_deps.sh ;;  # Chromium and Node.js for the test suite
+    *,test,*)
+        # The approval wrapper PydanticAI users put around a toolset, for the drop-in tests.
+        # It asks for the whole `pydantic-ai` (every model provider's SDK); the `pydantic_ai`
+        # module it imports comes with pydantic-ai-slim, which the test extra installs.
+        quiet_pip --no-deps "pydantic-ai-blocking-approval==0.8.0"
+        bash scripts/system_deps.sh ;;  # Chromium and Node.js for the test suite
 esac
 .venv/bin/python -c "import sandbox_kernel_ext" >/dev/null

@@ -140,6 +140,22 @@ class ApprovalBroker:
         decision = self._answer_without_asking(request)
         if decision is None:
             decision = self._ask(request)
+        self._record(request, decision)
+        return decision
+
+    def record_approved_elsewhere(self, request: ApprovalRequest, decided_by: str) -> None:
+        """Log `request` as approved once by someone who asked before it got here (an
+        approval wrapper around a toolset), so the log shows every gated operation. The id
+        is used up like any other; a replayed one raises ApprovalDeniedError."""
+        with self._cond:
+            fresh = self._claim_id(request)
+        if not fresh:
+            self.check(request)  # the broker's own replay denial, logged and raised
+        self._record(request, ApprovalDecision(
+            decision=Decision.allow_once, decided_by=decided_by,
+            reason=f"approved by {decided_by} before the call reached the toolset"))
+
+    def _record(self, request: ApprovalRequest, decision: ApprovalDecision) -> None:
         record = ApprovalRecord(request, decision)
         with self._cond:
             self._log.append(record)
@@ -149,7 +165,6 @@ class ApprovalBroker:
                 callback(record)
             except Exception:  # an observer must never change or block a decision
                 _logger.exception("approval subscriber %r failed", callback)
-        return decision
 
     def _answer_without_asking(self, request: ApprovalRequest) -> ApprovalDecision | None:
         """A replay denial or a session grant; None means the path is now ours to ask about."""

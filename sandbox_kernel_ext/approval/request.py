@@ -27,7 +27,7 @@ class ApprovalRequest(_Frozen):
     """One gated operation on one virtual path, as shown to whoever decides."""
 
     operation: Operation = Field(description="What the caller is about to do")
-    path: str = Field(description="Virtual path (never a host path), e.g. '/data/out.csv'")
+    path: str = Field(description="Virtual path (never a host path), e.g. 'data/out.csv'")
     access: Access = Field(description="Kind of session grant that would cover it")
     size: int | None = Field(None, ge=0, description="Bytes involved, when known")
     summary: str = Field("", description="Short diff or preview for the person deciding")
@@ -35,7 +35,7 @@ class ApprovalRequest(_Frozen):
     scope: str = Field(
         "",
         description="What `path` is relative to (the real root it names); a session grant "
-        "covers only requests with the same scope, so one '/data' never stands for another",
+        "covers only requests with the same scope, so one 'data' never stands for another",
     )
     location: str = Field(
         "",
@@ -51,8 +51,8 @@ class ApprovalRequest(_Frozen):
     def _virtual_path(cls, value: str) -> str:
         # Grants match paths exactly, so a relative or NUL-carrying path would only ever
         # produce grants nothing else can match (or be confused with a host path).
-        if not value.startswith("/") or "\0" in value:
-            raise ValueError(f"path {value!r} must be an absolute virtual path like '/data/x'")
+        if not value.strip() or "\0" in value or ".." in value.split("/"):
+            raise ValueError(f"path {value!r} must be a virtual path like 'data/x' or '/x'")
         return value
 
     @field_validator("summary")

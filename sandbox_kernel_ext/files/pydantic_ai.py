@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from pydantic import AfterValidator, BaseModel, TypeAdapter
 
 from ..policy.errors import SandboxError
+from .call_approval import call_key, take_ticket
 from .tool_schemas import TOOLS_BY_NAME
 from .toolset import FileSystemToolset
 
@@ -88,11 +89,26 @@ class PydanticAIFileSystemToolset(AbstractToolset[Any]):
     ) -> Any:
         """Run the blocking file operation in a worker thread so the event loop (and
         other tool calls) keep going; sandbox refusals, approval denials included,
-        become `ModelRetry` so the model reads why and can change course."""
+        become `ModelRetry` so the model reads why and can change course. A call an
+        approval wrapper around this toolset approved (it asked `needs_approval` first, in
+        this task) is not asked about again."""
+        approved = take_ticket(call_key(self._toolset, name, tool_args))
+        call = partial(self._toolset.call, name, tool_args,
+                       approved_by="the approval wrapper" if approved else None)
         try:
-            return await anyio.to_thread.run_sync(partial(self._toolset.call, name, tool_args))
+            return await anyio.to_thread.run_sync(call)
         except SandboxError as exc:  # includes ApprovalDeniedError and ToolError
             raise ModelRetry(str(exc)) from exc
+
+    # The approval-wrapper protocol (pydantic-ai-blocking-approval's `ApprovalToolset`
+    # wraps an AbstractToolset, so it meets the toolset through this adapter).
+    def needs_approval(
+        self, name: str, tool_args: dict[str, Any], ctx: Any = None, config: Any = None
+    ) -> Any:
+        return self._toolset.needs_approval(name, tool_args, ctx, config)
+
+    def get_approval_description(self, name: str, tool_args: dict[str, Any], ctx: Any = None) -> str:
+        return self._toolset.get_approval_description(name, tool_args, ctx)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._toolset!r})"

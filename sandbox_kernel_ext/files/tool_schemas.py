@@ -13,7 +13,7 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_PATH = "Virtual path, e.g. '/data/notes.txt'"
+_PATH = "Virtual path, e.g. 'data/notes.txt'"
 
 
 class ReadArgs(_Args):
@@ -64,23 +64,32 @@ class ToolSpec:
     args: type[_Args]
     description: str
     writes: bool
+    # (argument, access) pairs the call may need approved: what an approval wrapper is told.
+    gates: tuple[tuple[str, str], ...] = ()
 
 
 FILE_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("read_file", "read", ReadArgs,
              "Read part of a file. Text comes back as UTF-8; binary files as base64 "
-             "(content_encoding='base64'). If truncated, call again with the returned offset.", False),
+             "(content_encoding='base64'). If truncated, call again with the returned offset.", False,
+             (("path", "read"),)),
     ToolSpec("view_file", "view", ViewArgs,
-             "Show a text file's lines with line numbers; very long lines are cut.", False),
+             "Show a text file's lines with line numbers; very long lines are cut.", False,
+             (("path", "read"),)),
     ToolSpec("write_file", "write_file", WriteArgs,
-             "Create or replace a text file. Parent folders are created. The write is atomic.", True),
+             "Create or replace a text file. Parent folders are created. The write is atomic.", True,
+             (("path", "write"),)),
     ToolSpec("edit_file", "edit_file", EditArgs,
-             "Replace old_text with new_text in a file; old_text must appear exactly once.", True),
-    ToolSpec("delete_file", "delete_file", PathArgs, "Delete a file (not a folder).", True),
+             "Replace old_text with new_text in a file; old_text must appear exactly once.", True,
+             (("path", "read"), ("path", "write"))),
+    ToolSpec("delete_file", "delete_file", PathArgs, "Delete a file (not a folder).", True,
+             (("path", "write"),)),
     ToolSpec("move_file", "move_file", TransferArgs,
-             "Move or rename a file. Fails if the destination exists.", True),
+             "Move or rename a file. Fails if the destination exists.", True,
+             (("source", "read"), ("source", "write"), ("destination", "write"))),
     ToolSpec("copy_file", "copy_file", TransferArgs,
-             "Copy a file; the source may be read-only. Fails if the destination exists.", True),
+             "Copy a file; the source may be read-only. Fails if the destination exists.", True,
+             (("source", "read"), ("destination", "write"))),
     ToolSpec("list_files", "find_files", ListFilesArgs,
              "List files under a folder whose relative path matches a glob pattern.", False),
     ToolSpec("list_directory", "list_directory", ListDirectoryArgs,

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,11 +29,14 @@ from pydantic import ValidationError
 
 from ..approval.broker import ApprovalBroker
 from ..approval.request import ApprovalRequest
+from ..approval.responders import printable
 from ..policy.errors import (
     ConfigurationError,
     EditError,
     FilesystemError,
     FileTooLargeError,
+    NotAFileError,
+    PathExistsError,
     PathNotFoundError,
     PathNotInSandboxError,
     QuotaExceededError,
@@ -43,6 +47,7 @@ from ..policy.file_limits import FileLimits
 from ..policy.models import CapabilityDeclaration
 from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, VirtualPath
+from .call_approval import CallApproval, call_key, leave_ticket, take_ticket
 from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend
 from .deadline import Deadline
 from .host_backend import TEMP_SUFFIX, HostBackend
@@ -58,7 +63,7 @@ from .results import (
 from .storage_ledger import StorageLedger, ledger_for_host_root
 from .store_backend import StoreBackend
 from .text_slice import read_text_slice
-from .tool_schemas import FILE_TOOLS, TOOLS_BY_NAME, function_definition
+from .tool_schemas import FILE_TOOLS, TOOLS_BY_NAME, ToolSpec, function_definition
 
 _CHUNK = 1 << 16
 _SNIFF = 8192
@@ -69,6 +74,9 @@ _LOCK_STRIPES = 64
 # Process-wide, keyed by the real root: two toolsets on one folder share the quota
 # ledger, so they must also serialise on the same files or the deltas drift.
 _stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+
+# Who already approved the tool call running in this context (an approval wrapper), if anyone.
+_call_approver: ContextVar[str | None] = ContextVar("sandbox_kernel_ext_call_approver", default=None)
 
 
 @dataclass
@@ -277,11 +285,11 @@ class FileSystemToolset:
         except FileNotFoundError:
             raise PathNotFoundError(str(vp)) from None
         except IsADirectoryError:
-            raise FilesystemError(f"'{vp}' is a directory; give a file path.") from None
+            raise NotAFileError(str(vp)) from None
         except NotADirectoryError:
             raise PathNotFoundError(str(vp), "has a file where a folder was expected") from None
         except FileExistsError:
-            raise FilesystemError(f"'{vp}' already exists; delete it first or pick another name.") from None
+            raise PathExistsError(str(vp)) from None
         except OSError as exc:
             reason = "it is not a regular file" if exc.errno == errno.EINVAL else (exc.strerror or str(exc))
             raise FilesystemError(f"Cannot use '{vp}': {reason}.") from None
@@ -305,7 +313,7 @@ class FileSystemToolset:
         else:
             self._sandbox.check_read(vp)
         if not vp.parts:
-            raise FilesystemError(f"'{vp}' is a root folder; give a file path inside it.")
+            raise NotAFileError(str(vp), "it is a root folder: give a file path inside it")
         config = self._sandbox.path_config(vp)
         self._sandbox.check_suffix(vp.name, config)
         return vp, config
@@ -316,18 +324,21 @@ class FileSystemToolset:
         config = self._sandbox.path_config(vp)
         needed = config.write_approval if access == "write" else config.read_approval
         if needed:
-            self.broker.check(
-                ApprovalRequest(
-                    operation=operation,
-                    path=str(vp),
-                    access=access,
-                    size=size,
-                    summary=summary,
-                    source=self.source,
-                    scope=self._scope(vp),
-                    location=self._location(vp),
-                )
+            request = ApprovalRequest(
+                operation=operation,
+                path=str(vp),
+                access=access,
+                size=size,
+                summary=summary,
+                source=self.source,
+                scope=self._scope(vp),
+                location=self._location(vp),
             )
+            approver = _call_approver.get()
+            if approver is not None:
+                self.broker.record_approved_elsewhere(request, approver)
+            else:
+                self.broker.check(request)
 
     def _info(self, vp: VirtualPath, access: str = "read") -> EntryInfo | None:
         with self._io(vp):
@@ -458,7 +469,7 @@ class FileSystemToolset:
     def _existing_file(self, vp: VirtualPath) -> EntryInfo | None:
         info = self._info(vp, "write")
         if info is not None and info.kind == "dir":
-            raise FilesystemError(f"'{vp}' is a directory; give a file path.")
+            raise NotAFileError(str(vp))
         return info
 
     def _check_write_size(self, vp: VirtualPath, config: PathConfig, size: int) -> None:
@@ -524,7 +535,7 @@ class FileSystemToolset:
                                   "in-memory store, not a folder")
         old = self._existing_file(vp)
         if exclusive and old is not None:
-            raise FilesystemError(f"Cannot create '{vp}': it already exists.")
+            raise PathExistsError(str(vp))
         fd = _anonymous_file()
         try:
             if keep_content and old is not None:
@@ -691,7 +702,7 @@ class FileSystemToolset:
         src, src_config = self._prepare(source, src_access)
         dst, dst_config = self._prepare(destination, "write")
         self._file_entry(src, src_access, op)
-        self._transfer_target(dst)
+        self._transfer_target(dst, op)
         # Sizes come from the opened file, not the entry: a symlink's own size says
         # nothing about the bytes a copy would store. The open file is what gets copied.
         f, info = self._open_read(src)
@@ -706,7 +717,7 @@ class FileSystemToolset:
             self._approve(op, dst, "write", info.size, f"{op} from {src} ({info.size:,} bytes)")
             with self._path_lock(src, dst):
                 entry = self._file_entry(src, src_access, op)
-                self._transfer_target(dst)
+                self._transfer_target(dst, op)
                 here, there = self._at(src, src_access), self._at(dst, "write")
                 if remove_source and here.backend is there.backend:
                     with self._io(dst):
@@ -727,12 +738,12 @@ class FileSystemToolset:
         if entry is None:
             raise PathNotFoundError(str(vp))
         if entry.kind == "dir":
-            raise FilesystemError(f"'{vp}' is a directory; {op} works on files only.")
+            raise NotAFileError(str(vp), f"{op} works on files only")
         return entry
 
-    def _transfer_target(self, dst: VirtualPath) -> None:
+    def _transfer_target(self, dst: VirtualPath, op: str) -> None:
         if self._info(dst, "write") is not None:
-            raise FilesystemError(f"'{dst}' already exists; delete it first or pick another name.")
+            raise PathExistsError(str(dst), f"{op} to")
 
     # -------------------------------------------------------------------- lists
     def list_files(self, path: str = ".", pattern: str = "**/*") -> list[str]:
@@ -762,7 +773,6 @@ class FileSystemToolset:
                     entries = ((where.rel + (n,), i) for n, i in listing)
                 # Matched relative to `top`, with the root name when listing every root.
                 skip = len(top.parts) - len(where.prefix)
-                head = "" if base.root is None else f"/{base.root}"
                 with closing(entries):
                     for count, (rel, info) in enumerate(entries, start=1):
                         if count % CHECK_EVERY == 0:
@@ -773,10 +783,11 @@ class FileSystemToolset:
                         shown = "/".join((base.root, *full) if top.is_top else rel[skip:])
                         if not matcher(shown) or (config.suffixes is not None and not Sandbox.suffix_allowed(rel[-1], config)):
                             continue
-                        found.append(head + "/" + "/".join(full))
+                        found.append(str(base.at(full)))
                         if len(found) > limit:
                             raise _too_many(f"More than {limit:,} files match '{pattern}' under {top}; "
                                             "use a narrower path or pattern.", len(found), limit)
+        found.sort()  # as filesystem-sandbox returns them: the same listing, the same order
         return ListResult(files=found, summary=f"{len(found)} file(s) match '{pattern}' under {top}.")
 
     def _listing_bases(self, top: VirtualPath) -> list[VirtualPath]:
@@ -815,10 +826,36 @@ class FileSystemToolset:
             function_definition(spec, context) for spec in FILE_TOOLS if writable or not spec.writes
         ]
 
-    def call(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+    def call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | str | None = None,
+        *,
+        approved_by: str | None = None,
+    ) -> dict[str, Any]:
         """Run a tool call from a model: validate the arguments against the tool's schema
         and return the typed result as JSON-safe data. Policy refusals raise SandboxError
-        subclasses whose messages are written for the model."""
+        subclasses whose messages are written for the model.
+
+        `approved_by` names who already approved this whole call (an approval wrapper): the
+        toolset then logs that answer instead of asking its broker. A call that follows this
+        toolset's own `needs_approval` for the same tool and arguments counts as approved by
+        the wrapper that asked (see `call_approval`)."""
+        spec, args = self._tool_call(name, arguments)
+        if approved_by is None and take_ticket(call_key(self, name, arguments)):
+            approved_by = "the approval wrapper"
+        token = _call_approver.set(approved_by)
+        try:
+            result = getattr(self, spec.method)(**args.model_dump())
+        finally:
+            _call_approver.reset(token)
+        if isinstance(result, list):
+            return {"entries": [entry.model_dump() for entry in result]}
+        return result.model_dump()
+
+    @staticmethod
+    def _tool_call(name: str, arguments: dict[str, Any] | str | None) -> tuple[ToolSpec, Any]:
+        """The tool's spec and its validated arguments; ToolError naming what is wrong."""
         spec = TOOLS_BY_NAME.get(name)
         if spec is None:
             raise ToolError(f"Unknown tool '{name}'. Tools: {', '.join(TOOLS_BY_NAME)}.")
@@ -833,10 +870,72 @@ class FileSystemToolset:
                 f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
             )
             raise ToolError(f"Bad arguments for {name}: {problems}.") from None
-        result = getattr(self, spec.method)(**args.model_dump())
-        if isinstance(result, list):
-            return {"entries": [entry.model_dump() for entry in result]}
-        return result.model_dump()
+        return spec, args
+
+    # ------------------------------------------------ approval wrappers (PydanticAI)
+    def approval_status(self, name: str, tool_args: dict[str, Any] | str | None) -> CallApproval:
+        """What a call needs, from the policy alone (no file is touched): blocked (with the
+        refusal the call itself would give), pre-approved, or a person's approval."""
+        try:
+            spec, args = self._tool_call(name, tool_args)
+        except ToolError as exc:
+            return CallApproval.blocked(str(exc))
+        asks = False
+        for argument, access in spec.gates:
+            try:
+                vp = self._sandbox.parse(getattr(args, argument))
+                if access == "write":
+                    self._sandbox.check_write(vp)
+                else:
+                    self._sandbox.check_read(vp)
+                config = self._sandbox.path_config(vp)
+                self._sandbox.check_suffix(vp.name, config)
+            except SandboxError as exc:
+                return CallApproval.blocked(str(exc))
+            asks = asks or (config.write_approval if access == "write" else config.read_approval)
+        return CallApproval.needs_approval() if asks else CallApproval.pre_approved()
+
+    def needs_approval(
+        self, name: str, tool_args: dict[str, Any], ctx: Any = None, config: Any = None
+    ) -> Any:
+        """The approval-wrapper protocol (`SupportsNeedsApproval`): this call's status. When
+        it needs a person, the wrapper asks, and the call it then makes is not asked again."""
+        status = self.approval_status(name, tool_args)
+        leave_ticket(call_key(self, name, tool_args) if status.is_needs_approval else None)
+        return status.for_wrapper()
+
+    def get_approval_description(self, name: str, tool_args: dict[str, Any], ctx: Any = None) -> str:
+        """The approval-wrapper protocol (`SupportsApprovalDescription`): one line for the
+        person deciding, naming paths as this toolset spells them."""
+        args = tool_args if isinstance(tool_args, dict) else {}
+
+        def shown(key: str) -> str:
+            value = args.get(key, ".")
+            try:
+                return str(self._sandbox.parse(value))
+            except SandboxError:
+                return printable(repr(value))
+
+        def chars(key: str) -> int:
+            value = args.get(key)
+            return len(value) if isinstance(value, str) else 0
+
+        describe = {
+            "read_file": lambda: f"Read from {shown('path')}",
+            "view_file": lambda: f"Read from {shown('path')}",
+            "write_file": lambda: f"Write {chars('content'):,} chars to {shown('path')}",
+            "edit_file": lambda: f"Edit {shown('path')}: replace {chars('old_text'):,} chars "
+                                 f"with {chars('new_text'):,} chars",
+            "delete_file": lambda: f"Delete {shown('path')}",
+            "move_file": lambda: f"Move {shown('source')} to {shown('destination')}",
+            "copy_file": lambda: f"Copy {shown('source')} to {shown('destination')}",
+            "list_files": lambda: f"List files in {shown('path')} matching "
+                                  f"{printable(repr(args.get('pattern', '**/*')))}",
+            "list_directory": lambda: f"List {shown('path')}",
+        }.get(name)
+        if describe is not None:
+            return describe()
+        return printable(f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
 
     def storage_used(self, path: str) -> int:
         """Bytes the quota ledger counts for the root holding `path`."""

@@ -1,7 +1,11 @@
 """Every error the package raises on purpose.
 
 Messages are read by people and by LLMs: each says what was refused, why, and what
-*is* allowed, and names only virtual paths (never a host path).
+*is* allowed, and names only virtual paths (never a host path). Each also carries the phrase
+filesystem-sandbox's callers match ("outside sandbox", "not found", "text not found",
+"found N times", "suffix '.png' not allowed", "already exists", "read-only", "too large"),
+and each file error is also the built-in exception Python code expects for it
+(FileNotFoundError, FileExistsError, IsADirectoryError, PermissionError, TimeoutError).
 """
 
 from __future__ import annotations
@@ -57,7 +61,25 @@ class PathNotFoundError(FilesystemError, FileNotFoundError):
 
     def __init__(self, path: str, what: str = "does not exist") -> None:
         self.path = path
-        super().__init__(f"'{path}' {what}. List the folder to see what is there.")
+        super().__init__(f"File not found: '{path}' {what}. List the folder to see what is there.")
+
+
+class PathExistsError(FilesystemError, FileExistsError):
+    """The destination of a create, move or copy is already there (nothing is overwritten)."""
+
+    def __init__(self, path: str, operation: str = "create") -> None:
+        self.path = path
+        super().__init__(
+            f"Cannot {operation} '{path}': it already exists; delete it first or pick another name."
+        )
+
+
+class NotAFileError(FilesystemError, IsADirectoryError):
+    """A file operation named a folder (or a root)."""
+
+    def __init__(self, path: str, hint: str = "give a file path") -> None:
+        self.path = path
+        super().__init__(f"Not a file: '{path}' is a directory; {hint}.")
 
 
 class SandboxViolationError(FilesystemError, PermissionError):
@@ -77,7 +99,7 @@ class PathNotInSandboxError(SandboxViolationError):
         self.path = path
         self.reason = reason
         super().__init__(
-            f"Cannot access '{path}': {reason}.{_allowed(readable, writable)}"
+            f"Cannot access '{path}': path is outside sandbox ({reason}).{_allowed(readable, writable)}"
         )
 
 
@@ -92,7 +114,8 @@ class PathNotWritableError(SandboxViolationError):
     ) -> None:
         self.path = path
         where = ", ".join(writable or ()) or "nothing (this sandbox is read-only)"
-        super().__init__(f"Cannot write '{path}': {reason}. Writable: {where}.")
+        super().__init__(f"Cannot write to '{path}': path is read-only here ({reason}). "
+                         f"Writable: {where}.")
 
 
 class SandboxPermissionEscalationError(SandboxViolationError):
@@ -104,9 +127,9 @@ class SuffixNotAllowedError(SandboxViolationError):
         self.path = path
         self.suffix = suffix
         self.allowed = list(allowed)
-        shown = suffix or "(no suffix)"
+        shown = f"suffix '{suffix}'" if suffix else "suffix '' (a name without one)"
         super().__init__(
-            f"Cannot use '{path}': files ending in {shown} are not allowed here. "
+            f"Cannot access '{path}': {shown} not allowed here. "
             f"Allowed suffixes: {', '.join(allowed) or 'none'}."
         )
 
@@ -126,7 +149,8 @@ class FileTooLargeError(QuotaExceededError):
     def __init__(self, path: str, actual: int, limit: int) -> None:
         self.path = path
         super().__init__(
-            f"'{path}' is {actual:,} bytes, over the {limit:,}-byte limit for this path.",
+            f"Cannot use '{path}': file too large ({actual:,} bytes). "
+            f"Maximum allowed for this path: {limit:,} bytes.",
             actual=actual,
             limit=limit,
         )
@@ -146,11 +170,11 @@ class EditError(FilesystemError):
         self.path = path
         self.matches = matches
         if matches == 0:
-            hint = "old_text was not found; read the file and copy the text exactly"
+            hint = "text not found in file; read the file and copy old_text exactly"
         else:
             hint = (
-                f"old_text appears {matches} times; include more surrounding text "
-                "so it matches exactly once"
+                f"text found {matches} times (must be unique); include more surrounding "
+                "text in old_text so it matches exactly once"
             )
         super().__init__(f"Cannot edit '{path}': {hint}.")
 

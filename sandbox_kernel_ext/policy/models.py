@@ -206,10 +206,14 @@ class CapabilityDeclaration(_Model):
         No network; writes only to `workspace` (a folder made for the session); reads only the
         workspace (plus the interpreter and system libraries the runner always grants); the
         default budgets. Data comes in as cell inputs or by copying it into the workspace;
-        anything more needs a policy file.
+        anything more needs a policy file. Its `paths` table names the same folder
+        `workspace`, so the file tools of the session see what its cells see.
         """
-        return cls(filesystem_config=FilesystemConfig(
-            mode=FilesystemMode.read_write, writable_paths=[workspace], readable_paths=[]))
+        return cls(
+            filesystem_config=FilesystemConfig(
+                mode=FilesystemMode.read_write, writable_paths=[workspace], readable_paths=[]),
+            paths={"workspace": PathConfig(root=workspace, mode="rw", write_approval=False)},
+        )
 
 
 class SandboxResult(_Model):

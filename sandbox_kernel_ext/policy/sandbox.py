@@ -1,8 +1,10 @@
 """Virtual paths and permission checks (filesystem-sandbox). Reads no file content: `resolve`
 follows symlinks with realpath, and I/O itself is the file backends' job.
 
-A virtual path is `/<name>/rel/path` in multi-path mode (the leading `/` is optional)
-and `/rel/path` in single-root mode (relative paths work too). Checks here decide what
+A virtual path is `<name>/rel/path` in multi-path mode and `/rel/path` in single-root mode,
+as filesystem-sandbox spells them; input may be written either way (`/data/a.txt` and
+`data/a.txt`, `/a.txt` and `a.txt` name the same file), and everything this package returns
+or says uses those spellings, so a path a model reads can be passed back as it is. Checks here decide what
 the policy allows; the file backends below enforce it race-free when they open files.
 """
 
@@ -44,8 +46,13 @@ class VirtualPath:
     _multi: bool = False
 
     def __str__(self) -> str:
-        head = [self.root] if self.root is not None else []
-        return "/" + "/".join([*head, *self.parts])
+        """filesystem-sandbox's spelling: `data/sub/a.txt` under a named root, `/sub/a.txt`
+        in single-root mode, `.` for the top level above the named roots."""
+        if self.root is not None:
+            return "/".join((self.root, *self.parts))
+        if self._multi:
+            return "."
+        return "/" + "/".join(self.parts)
 
     def contains(self, other: VirtualPath) -> bool:
         return (
@@ -215,7 +222,7 @@ class Sandbox:
         vp = self.parse(path)
         self._root_of(vp, path)
         if not self._may_read(vp):
-            raise PathNotInSandboxError(path, "it is outside what this sandbox grants", *self._allowed())
+            raise PathNotInSandboxError(path, "nothing this sandbox grants holds it", *self._allowed())
         real = self._real(vp, "read")
         if real is None:
             raise PathNotInSandboxError(path, "a symlink on this path leads outside what is granted", *self._allowed())
@@ -242,13 +249,13 @@ class Sandbox:
             return VirtualPath(vp.root, (), self._multi)
         holding = [p for p in self._grant.prefixes(access) if p.contains(vp)]
         if not holding:
-            raise PathNotInSandboxError(str(vp), "it is outside what this sandbox grants", *self._allowed())
+            raise PathNotInSandboxError(str(vp), "nothing this sandbox grants holds it", *self._allowed())
         return max(holding, key=lambda p: len(p.parts))
 
     def check_read(self, vp: VirtualPath) -> None:
         """Raise unless `vp` may be read (lexical check; the backend catches symlinks)."""
         if not self._may_read(vp):
-            raise PathNotInSandboxError(str(vp), "it is outside what this sandbox grants", *self._allowed())
+            raise PathNotInSandboxError(str(vp), "nothing this sandbox grants holds it", *self._allowed())
 
     def check_write(self, vp: VirtualPath) -> None:
         if self._may_write(vp):

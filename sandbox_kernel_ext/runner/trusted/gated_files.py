@@ -33,7 +33,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 class GatedRoot:
     """One root of the policy's path table as the child's hooks need to know it."""
 
-    virtual: str  # "/data"
+    virtual: str  # "data" (a named root) or "/" (single-root mode)
     host: str  # the real folder
     writable: bool  # mode rw
     read_approval: bool
@@ -63,7 +63,7 @@ def gated_roots(capability: CapabilityDeclaration) -> list[GatedRoot]:
         vp = sandbox.parse(f"/{name}" if name else "/")
         config = sandbox.path_config(vp)
         roots.append(GatedRoot(
-            virtual=f"/{name}" if name else "/", host=sandbox.host_root(vp),
+            virtual=str(vp), host=sandbox.host_root(vp),
             writable=config.mode == "rw", read_approval=config.read_approval,
             write_approval=config.write_approval,
         ))
