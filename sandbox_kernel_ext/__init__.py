@@ -21,7 +21,6 @@ from .files import (
     ChangeResult,
     DirEntry,
     EditResult,
-    FileSystemToolset,
     FileView,
     ListResult,
     ReadResult,
@@ -80,6 +79,20 @@ from .runner.trusted.monitor import ResourceMonitor
 from .tools import FilesystemTool, TerminalTool, Tool
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`FileSystemToolset`, made on first use: filesystem-sandbox's toolset is a PydanticAI
+    toolset, so ours is one too where PydanticAI is installed (its import takes a few hundred
+    milliseconds, paid only by code that asks for this name), and the plain one elsewhere."""
+    if name != "FileSystemToolset":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from .files.pydantic_ai import FileSystemToolset as toolset_class
+    except ImportError:
+        from .files.toolset import FileSystemToolset as toolset_class
+    globals()[name] = toolset_class
+    return toolset_class
 
 __all__ = [
     "ApprovalBroker", "ApprovalDecision", "ApprovalDeniedError", "ApprovalRecord",

@@ -245,6 +245,7 @@ from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart  # noqa: 
 from pydantic_ai.models.function import FunctionModel  # noqa: E402
 
 from sandbox_kernel_ext.files.pydantic_ai import as_pydantic_ai_toolset  # noqa: E402
+from sandbox_kernel_ext.files.toolset import FileSystemToolset as PlainToolset  # noqa: E402
 
 
 class Person:
@@ -283,8 +284,16 @@ def nobody_else_asks() -> Any:
 
 
 class TestApprovalWrapper:
+    def test_the_toolset_is_a_pydantic_ai_toolset(self, tmp_path: Path) -> None:
+        from pydantic_ai.toolsets import AbstractToolset
+
+        toolset = two_roots(tmp_path)
+        assert isinstance(toolset, AbstractToolset)
+        agent_calls(toolset, [("write_file", {"path": "output/by_agent.txt", "content": "x"})])
+        assert (tmp_path / "out" / "by_agent.txt").read_text() == "x"
+
     def test_needs_approval_follows_the_policy(self, tmp_path: Path) -> None:
-        toolset = as_pydantic_ai_toolset(gated(tmp_path))
+        toolset = gated(tmp_path)
         assert isinstance(toolset, approval.SupportsNeedsApproval)
         assert isinstance(toolset, approval.SupportsApprovalDescription)
         result = toolset.needs_approval("write_file", {"path": "data/x.txt", "content": "abc"}, None)
@@ -298,7 +307,7 @@ class TestApprovalWrapper:
         assert description == "Write 3 chars to data/x.txt"
 
     def test_read_only_paths_are_blocked(self, tmp_path: Path) -> None:
-        toolset = as_pydantic_ai_toolset(two_roots(tmp_path))
+        toolset = two_roots(tmp_path)
         result = toolset.needs_approval("write_file", {"path": "input/a.txt", "content": ""}, None)
         assert result.is_blocked and "read-only" in result.block_reason
         moved = toolset.needs_approval("move_file", {"source": "input/a.txt",
@@ -310,8 +319,7 @@ class TestApprovalWrapper:
     ) -> None:
         inner = gated(tmp_path)
         person = Person()
-        wrapped = approval.ApprovalToolset(inner=as_pydantic_ai_toolset(inner),
-                                           approval_callback=person)
+        wrapped = approval.ApprovalToolset(inner=inner, approval_callback=person)
         agent_calls(wrapped, [("write_file", {"path": "data/out.txt", "content": "hello"})])
         assert (tmp_path / "data" / "out.txt").read_text() == "hello"
         assert [r.description for r in person.requests] == ["Write 5 chars to data/out.txt"]
@@ -322,7 +330,7 @@ class TestApprovalWrapper:
         assert record.decision.decided_by == "the approval wrapper"
 
     def test_a_denial_writes_nothing(self, tmp_path: Path, nobody_else_asks: list[str]) -> None:
-        wrapped = approval.ApprovalToolset(inner=as_pydantic_ai_toolset(gated(tmp_path)),
+        wrapped = approval.ApprovalToolset(inner=gated(tmp_path),
                                            approval_callback=Person(approved=False))
         with pytest.raises(PermissionError, match="denied"):
             asyncio.run(wrapped.call_tool("write_file", {"path": "data/no.txt", "content": "x"},
@@ -334,8 +342,7 @@ class TestApprovalWrapper:
         self, tmp_path: Path, nobody_else_asks: list[str]
     ) -> None:
         person = Person(remember="session")
-        wrapped = approval.ApprovalToolset(inner=as_pydantic_ai_toolset(gated(tmp_path)),
-                                           approval_callback=person)
+        wrapped = approval.ApprovalToolset(inner=gated(tmp_path), approval_callback=person)
         call = ("delete_file", {"path": "data/x.txt"})
         for _ in range(2):
             (tmp_path / "data" / "x.txt").write_text("x")
@@ -343,11 +350,24 @@ class TestApprovalWrapper:
             assert not (tmp_path / "data" / "x.txt").exists()
         assert len(person.requests) == 1 and nobody_else_asks == []
 
+    def test_an_adapted_plain_toolset_speaks_the_same_protocol(
+        self, tmp_path: Path, nobody_else_asks: list[str]
+    ) -> None:
+        """A toolset made by this package (session_toolset, from_policy on the plain class)
+        goes to an agent through `as_pydantic_ai_toolset`, with the same approvals."""
+        plain = PlainToolset(gated(tmp_path).sandbox)
+        person = Person()
+        wrapped = approval.ApprovalToolset(inner=as_pydantic_ai_toolset(plain),
+                                           approval_callback=person)
+        agent_calls(wrapped, [("write_file", {"path": "data/p.txt", "content": "x"})])
+        assert (tmp_path / "data" / "p.txt").read_text() == "x"
+        assert len(person.requests) == 1 and nobody_else_asks == []
+
     def test_a_direct_call_still_asks_the_toolsets_own_broker(
         self, tmp_path: Path, nobody_else_asks: list[str]
     ) -> None:
         """Approval through the wrapper covers the one call it asked about, nothing else."""
-        toolset = as_pydantic_ai_toolset(gated(tmp_path))
+        toolset = gated(tmp_path)
         toolset.needs_approval("write_file", {"path": "data/a.txt", "content": "x"}, None)
         agent_calls(toolset, [("write_file", {"path": "data/b.txt", "content": "x"})])
         assert nobody_else_asks == ["data/b.txt"]
