@@ -1,8 +1,9 @@
 """ATLAS's async handlers: JSON-ready dicts for a tool router.
 
-The sandbox root comes from `SANDBOX_KERNEL_EXT_FS_ROOT` (default: the working
-directory) and the quotas from the other `SANDBOX_KERNEL_EXT_FS_*` variables, read on
-every call as the seed does. The root is virtual `/`; paths are relative to it.
+The sandbox root comes from `SANDBOX_KERNEL_EXT_FS_ROOT` or ATLAS's own
+`ATLAS_FILESYSTEM_SANDBOX` (default: the working directory) and the quotas from the other
+`SANDBOX_KERNEL_EXT_FS_*` variables or ATLAS's names for them, read on every call as the seed
+does. The root is virtual `/`; paths are relative to it.
 """
 
 from __future__ import annotations
@@ -12,20 +13,33 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..policy.errors import SandboxViolationError
+from ..policy.errors import ConfigurationError, SandboxViolationError
 from ..policy.file_limits import ENV_PREFIX
 from ..policy.path_config import RootSandboxConfig, SandboxConfig
 from ..policy.sandbox import Sandbox
 from .toolset import FileSystemToolset
 
 ROOT_VARIABLE = ENV_PREFIX + "ROOT"
+ROOT_VARIABLES = (ROOT_VARIABLE, "ATLAS_FILESYSTEM_SANDBOX")
 T = TypeVar("T")
 
 
-def _toolset() -> FileSystemToolset:
-    root = os.environ.get(ROOT_VARIABLE) or os.getcwd()
+def _root() -> str:
+    """The root the environment names (the working directory when none does); two names
+    for two different folders are refused rather than one silently chosen."""
+    named = {var: os.environ[var] for var in ROOT_VARIABLES if os.environ.get(var)}
+    if len({os.path.realpath(path) for path in named.values()}) > 1:
+        raise ConfigurationError(
+            "the sandbox root is set twice, to different folders: "
+            + ", ".join(f"{var}={path!r}" for var, path in named.items()) + "; keep one")
+    var, root = next(iter(named.items()), (ROOT_VARIABLE, os.getcwd()))
     if not os.path.isdir(root):
-        raise SandboxViolationError(f"the sandbox root set by {ROOT_VARIABLE} is not a directory")
+        raise SandboxViolationError(f"the sandbox root set by {var} is not a directory")
+    return root
+
+
+def _toolset() -> FileSystemToolset:
+    root = _root()
     return FileSystemToolset(Sandbox(SandboxConfig(root=RootSandboxConfig(root=root))), id="filesystem")
 
 

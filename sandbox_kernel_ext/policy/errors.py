@@ -143,6 +143,11 @@ class QuotaExceededError(FilesystemError):
         super().__init__(message)
 
 
+class QuotaSettingError(ConfigurationError, QuotaExceededError):
+    """A quota's setting (an environment variable) is invalid: a configuration error, and
+    the QuotaExceededError ATLAS's handlers raise for it, so either handler catches it."""
+
+
 class FileTooLargeError(QuotaExceededError):
     """A file is over its size ceiling; `actual` and `limit` are byte counts."""
 

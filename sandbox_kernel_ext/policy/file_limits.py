@@ -8,9 +8,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ConfigurationError
+from .errors import QuotaSettingError
 
 ENV_PREFIX = "SANDBOX_KERNEL_EXT_FS_"
+
+# The seeds' own names for the same settings (ATLAS's filesystem_io, DeepAgents' file tools),
+# so an environment written for them keeps its meaning; where several are set, the stricter
+# value wins, as between the policy file and the environment.
+SEED_VARIABLES: dict[str, tuple[str, ...]] = {
+    "max_read_bytes": ("ATLAS_FILESYSTEM_MAX_READ_BYTES",),
+    "max_write_bytes": ("ATLAS_FILESYSTEM_MAX_WRITE_BYTES",),
+    "max_list_entries": ("ATLAS_FILESYSTEM_MAX_LIST_ENTRIES",),
+    "operation_timeout": ("ATLAS_FILESYSTEM_OPERATION_TIMEOUT",),
+    "max_total_bytes": ("ATLAS_FILESYSTEM_MAX_TOTAL_BYTES",),
+    "max_file_bytes": ("INSPECT_AGENTS_FS_MAX_BYTES",),
+}
 
 
 class FileLimits(BaseModel):
@@ -39,25 +51,29 @@ class FileLimits(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """The fields set by `SANDBOX_KERNEL_EXT_FS_*` variables, validated."""
+        """The fields set by `SANDBOX_KERNEL_EXT_FS_*` variables (or the seeds' names for
+        them, `SEED_VARIABLES`), validated; the stricter value where several are set.
+        An invalid value raises QuotaSettingError naming the variable."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for name in cls.model_fields:
-            var = ENV_PREFIX + name.upper()
-            raw = environ.get(var)
-            if raw is None:
-                continue
-            raw = raw.strip()
-            if name in ("max_total_bytes", "max_file_bytes") and raw.lower() in ("", "none"):
-                values[name] = None
-                continue
-            try:
-                cls.model_validate({name: raw})
-            except ValidationError as exc:
-                reason = exc.errors()[0]["msg"]
-                raise ConfigurationError(f"environment variable {var}={raw!r} is invalid: {reason}") from None
-            values[name] = raw
-        return cls.model_validate(values).model_dump(include=set(values))
+            for var in (ENV_PREFIX + name.upper(), *SEED_VARIABLES.get(name, ())):
+                raw = environ.get(var)
+                if raw is None:
+                    continue
+                value = cls._env_value(name, var, raw.strip())
+                values[name] = _stricter(name, values[name], value) if name in values else value
+        return values
+
+    @classmethod
+    def _env_value(cls, name: str, var: str, raw: str) -> Any:
+        if name in ("max_total_bytes", "max_file_bytes") and raw.lower() in ("", "none"):
+            return None
+        try:
+            return getattr(cls.model_validate({name: raw}), name)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            raise QuotaSettingError(f"environment variable {var}={raw!r} is invalid: {reason}") from None
 
     @classmethod
     def effective(
