@@ -84,3 +84,14 @@ def test_deepagents_size_ceiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     toolset = FileSystemToolset.create_default(tmp_path)
     with pytest.raises(FileSizeExceeded, match="too large"):
         toolset.write("data/big.txt", "12345")
+
+
+def test_atlas_handlers_report_a_missing_path_as_a_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATLAS_FILESYSTEM_SANDBOX", str(tmp_path))
+    monkeypatch.delenv("SANDBOX_KERNEL_EXT_FS_ROOT", raising=False)
+    for missing in (filesystem_read("nope.txt"), filesystem_list("no/such/folder")):
+        with pytest.raises(SandboxViolationError, match="not found") as caught:
+            asyncio.run(missing)
+        assert isinstance(caught.value, FileNotFoundError)  # and what other code expects

@@ -13,7 +13,12 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..policy.errors import ConfigurationError, SandboxViolationError
+from ..policy.errors import (
+    ConfigurationError,
+    MissingPathError,
+    PathNotFoundError,
+    SandboxViolationError,
+)
 from ..policy.file_limits import ENV_PREFIX
 from ..policy.path_config import RootSandboxConfig, SandboxConfig
 from ..policy.sandbox import Sandbox
@@ -46,7 +51,10 @@ def _toolset() -> FileSystemToolset:
 async def _run(work: Callable[[FileSystemToolset], T]) -> T:
     def call() -> T:
         with _toolset() as toolset:
-            return work(toolset)
+            try:
+                return work(toolset)
+            except PathNotFoundError as exc:  # ATLAS reports a missing path as a violation
+                raise MissingPathError(exc.path, exc.what) from None
 
     return await asyncio.to_thread(call)
 

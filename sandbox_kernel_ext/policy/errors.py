@@ -61,6 +61,7 @@ class PathNotFoundError(FilesystemError, FileNotFoundError):
 
     def __init__(self, path: str, what: str = "does not exist") -> None:
         self.path = path
+        self.what = what
         super().__init__(f"File not found: '{path}' {what}. List the folder to see what is there.")
 
 
@@ -84,6 +85,11 @@ class NotAFileError(FilesystemError, IsADirectoryError):
 
 class SandboxViolationError(FilesystemError, PermissionError):
     """An operation tried to leave what the policy allows (ATLAS filesystem_io)."""
+
+
+class MissingPathError(PathNotFoundError, SandboxViolationError):
+    """A missing path as ATLAS's handlers report it: their callers catch SandboxViolationError
+    for it, other code FileNotFoundError; this is both."""
 
 
 class PathNotInSandboxError(SandboxViolationError):
