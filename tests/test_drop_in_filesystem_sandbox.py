@@ -372,3 +372,17 @@ class TestApprovalWrapper:
         agent_calls(toolset, [("write_file", {"path": "data/b.txt", "content": "x"})])
         assert nobody_else_asks == ["data/b.txt"]
         assert not (tmp_path / "data" / "b.txt").exists()
+
+
+def test_importing_the_package_does_not_import_pydantic_ai() -> None:
+    """PydanticAI's import costs a few hundred milliseconds: only code that asks for
+    `FileSystemToolset` by the package's name pays it (the notebook layer never does)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sandbox_kernel_ext, sandbox_kernel_ext.notebook.magics; "
+            "print('pydantic_ai' in sys.modules); "
+            "from sandbox_kernel_ext import FileSystemToolset; "
+            "print('pydantic_ai' in sys.modules, FileSystemToolset.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "sandbox_kernel_ext.files.pydantic_ai"]
