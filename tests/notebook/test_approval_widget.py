@@ -92,10 +92,10 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
 
     assert k.error(msg_id) is None
     assert (tmp_path / "sync.txt").read_text() == "written while the main thread waited"
-    assert "Created /data/sync.txt" in k.text(msg_id, "stdout")
+    assert "Created data/sync.txt" in k.text(msg_id, "stdout")
     assert_recorded(k, root, "Approved once by the person at the notebook at ")
     record = record_text(k, msg_id).splitlines()
-    assert record[0] == ("Approval: the file toolset asks to write '/data/sync.txt' (36 bytes)")
+    assert record[0] == ("Approval: the file toolset asks to write 'data/sync.txt' (36 bytes)")
     assert record[1] == f"  file on this machine: {tmp_path / 'sync.txt'}"
     assert record[-1].startswith("Approved once by the person at the notebook at ")
     # The record says what was decided at its top, and only the chosen button keeps its colour.
@@ -224,7 +224,7 @@ def test_async_cell_keeps_the_event_loop_running_while_it_waits(
 
     assert k.error(msg_id) is None
     assert (tmp_path / "async.txt").read_text() == "from an async cell"
-    assert "Created /data/async.txt" in k.text(msg_id, "stdout")
+    assert "Created data/async.txt" in k.text(msg_id, "stdout")
 
 
 def test_pydantic_ai_agent_run_with_top_level_await(k: KernelSession, tmp_path: Path) -> None:
@@ -272,7 +272,7 @@ def test_request_text_is_escaped(k: KernelSession, tmp_path: Path) -> None:
 
     shown = "".join(html_values)
     assert "&lt;img src=x onerror=alert(1)&gt;" in shown and "<img" not in shown
-    assert "/data/x&lt;b&gt;.txt" in shown and "<b>.txt" not in shown
+    assert "data/x&lt;b&gt;.txt" in shown and "<b>.txt" not in shown
     assert not (tmp_path / "x<b>.txt").exists()
 
 
@@ -402,7 +402,7 @@ def test_terminal_ipython_prompts_and_end_of_input_denies(tmp_path: Path) -> Non
 
     assert stdout.splitlines()[0] == "TerminalResponder"
     assert "[y]es / [a]lways for this session / [N]o" in stdout
-    assert "refused: write of '/data/t.txt' was not approved: no answer at the terminal" in stdout
+    assert "refused: write of 'data/t.txt' was not approved: no answer at the terminal" in stdout
     assert not (tmp_path / "t.txt").exists()
 
 
@@ -433,8 +433,8 @@ def test_a_kernel_without_subshells_gets_the_headless_decision_and_the_reason(
     )
     streams = json.loads(run_python(["-c", script], tmp_path).splitlines()[-1])
 
-    assert streams["stdout"].startswith("WidgetResponder\nrefused: write of '/data/t.txt' was not")
-    assert "the headless decision (deny) answered write '/data/t.txt'" in streams["stderr"]
+    assert streams["stdout"].startswith("WidgetResponder\nrefused: write of 'data/t.txt' was not")
+    assert "the headless decision (deny) answered write 'data/t.txt'" in streams["stderr"]
     assert "InProcessKernel has no shell channel thread" in streams["stderr"]
     assert not (tmp_path / "t.txt").exists()
 

@@ -535,7 +535,7 @@ def test_log_and_reset_cover_the_in_kernel_toolset(k: KernelSession, shared_dir:
     msg_id = k.run("%sandbox log")
     text = [m for m in k.outputs(msg_id) if m["msg_type"] == "execute_result"][0]
     assert "approval" in text["content"]["data"]["text/plain"]
-    assert "/notes/a.txt" in text["content"]["data"]["text/plain"]
+    assert "notes/a.txt" in text["content"]["data"]["text/plain"]
     assert "approved for session" in text["content"]["data"]["text/html"]
     assert "the file toolset" in text["content"]["data"]["text/plain"]
     assert "Forgot 1 session approval" in k.text(k.run("%sandbox reset"))
@@ -633,7 +633,7 @@ def test_a_sandboxed_write_waits_for_the_click(k: KernelSession, shared_dir: Pat
         line = error_line(k, msg_id)
         assert line.startswith("SandboxCellError") and "PermissionError" in line
     log = [m for m in k.outputs(k.run("%sandbox log")) if m["msg_type"] == "execute_result"]
-    assert "/notes/from_cell.txt" in log[0]["content"]["data"]["text/plain"]
+    assert "notes/from_cell.txt" in log[0]["content"]["data"]["text/plain"]
 
 
 def test_headless_kernel_gets_the_headless_decision(k: KernelSession, shared_dir: Path) -> None:
