@@ -95,6 +95,16 @@ class CellEvents:
         self.done = threading.Event()
 
 
+def _number_within(value: Any, high: float, *, whole: bool = False) -> bool:
+    """A JSON number from 0 to `high`, compared without conversion: JSON integers have no
+    size limit, and turning a 400-digit one into a float raises OverflowError."""
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return 0 <= value <= high
+
+
 class ControlChannel:
     """The parent's end for one run. `feed()` takes bytes from the socket (the manager's
     pump reads it with the output pipes); requests that may wait for a person run on one
@@ -193,10 +203,9 @@ class ControlChannel:
 
     def _usage(self, frame: dict[str, Any]) -> None:
         tokens, cost = frame.get("tokens", 0), frame.get("cost", 0.0)
-        if (set(frame) - {"type", "tokens", "cost"} or isinstance(tokens, bool)
-                or not isinstance(tokens, int) or not 0 <= tokens <= MAX_TOKENS_PER_REPORT
-                or isinstance(cost, bool) or not isinstance(cost, (int, float))
-                or not math.isfinite(cost) or not 0 <= cost <= MAX_COST_PER_REPORT):
+        if (set(frame) - {"type", "tokens", "cost"}
+                or not _number_within(tokens, MAX_TOKENS_PER_REPORT, whole=True)
+                or not _number_within(cost, MAX_COST_PER_REPORT)):
             raise MalformedFrame("a usage report needs tokens (a whole number from 0) and cost "
                                  "(a finite number from 0)")
         self._on_usage(tokens, float(cost))
