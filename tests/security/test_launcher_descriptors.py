@@ -32,9 +32,11 @@ SCRIPT = textwrap.dedent("""
                 mode="read_only", readable_paths=files))
             sid = manager.create_sandbox(policy)
             exits.append(manager.execute(sid, ["/bin/true"]).exit_code)
+            # The launcher serves messages in order: by now it has released what earlier
+            # sandboxes' destroy() let go, and holds this sandbox's rules at most.
+            launcher_fds.append(len(os.listdir(f"/proc/{manager.launcher_pid}/fd")))
             exits.append(manager.run_python(sid, "pass").exit_code)
             manager.destroy(sid)
-            launcher_fds.append(len(os.listdir(f"/proc/{manager.launcher_pid}/fd")))
     print(json.dumps({"exits": exits, "launcher_fds": launcher_fds}))
 """)
 

@@ -9,6 +9,7 @@ rusage. Its client, on the trusted side, is `trusted/launcher_client.py`.
 
 Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per message:
   trusted -> launcher  {"op": "spawn", "id": N, "plan": {...}, "fds": [names]} + fds
+                       {"op": "forget", "rules": KEY}  (a destroyed sandbox's prepared rules)
   launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B} + [pidfd]
                        {"op": "failed", "id": N, "error": "..."}
                        {"op": "exited", "id": N, "status": S, "cpu_seconds": C, "maxrss_kb": R}
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -148,6 +150,8 @@ class Launcher:
         data, fds = receive_message(self.sock)
         if not data:
             return False
+        if not fds and self._forget(data):
+            return True
         request_id, pid, error = self._start_child(data, fds)
         if error or not pid:
             if pid:  # started but unusable: end it now, and reap it here, not in _reap()
@@ -166,6 +170,18 @@ class Launcher:
         self._send({"op": "spawned", "id": request_id, "pid": pid,
                     "pid_namespace": self.pid_namespaces}, [pidfd])
         os.close(pidfd)
+        return True
+
+    def _forget(self, data: bytes) -> bool:
+        """Release the prepared rules a "forget" message names; False for any other message."""
+        try:
+            message = json.loads(data)
+        except ValueError:
+            return False
+        if not (isinstance(message, dict) and message.get("op") == "forget"
+                and isinstance(message.get("rules"), str)):
+            return False
+        self.rulesets.forget(message["rules"])
         return True
 
     def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, int, str | None]:
@@ -189,6 +205,7 @@ class Launcher:
 
     def _shut_down(self) -> None:
         """Kill every live child and whatever was reparented to us, then reap them all."""
+        self.rulesets.clear()
         for pid in list(self.live):
             kill_quietly(pid)
         kill_orphans(set())
@@ -216,6 +233,24 @@ def kill_orphans(keep: set[int]) -> None:
             kill_quietly(int(entry))
 
 
+def raise_open_file_limit() -> None:
+    """Let the launcher hold as many descriptors as it may (the soft limit up to the hard
+    one): prepared rules are one descriptor per path. Children set their own limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as nr_open:
+                target = int(nr_open.read())
+        except (OSError, ValueError):
+            return
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            pass
+
+
 def kill_quietly(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -228,6 +263,7 @@ def main() -> None:
     from ..child import cell, session  # noqa: F401 - loaded here once, not by every child
 
     sock = socket.socket(fileno=int(sys.argv[1]))
+    raise_open_file_limit()
     # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
     Launcher(sock).serve()
 

@@ -160,6 +160,17 @@ class LauncherClient:
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
         return child
 
+    def forget_rules(self, key: str) -> None:
+        """Let the launcher release the Landlock rules it prepared under `key` (a plan's
+        `rules_key()`); nothing to do when it is not running."""
+        with self._lock:
+            if self._sock is None or self._process is None or self._process.poll() is not None:
+                return
+            try:
+                send_message(self._sock, {"op": "forget", "rules": key})
+            except OSError:
+                pass  # gone: its prepared rules went with it
+
     def _read_loop(self, sock: socket.socket) -> None:
         while True:
             data, fds = receive_message(sock)

@@ -74,6 +74,7 @@ class _Sandbox:
     gated: tuple[GatedRoot, ...] = ()  # the path table's roots, resolved (pinned) when made
     egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
     session: PythonSession | None = None  # the session its child serves, if it is one
+    rules_keys: set[str] = field(default_factory=set)  # its plans' prepared rules, to release
 
 
 class SandboxManager:
@@ -194,6 +195,8 @@ class SandboxManager:
             self._sandboxes.pop(sandbox_id, None)
         if sandbox.proxy is not None:
             sandbox.proxy.close()
+        for key in sandbox.rules_keys:  # the launcher's descriptors for its rules
+            self._launcher.forget_rules(key)
         shutil.rmtree(sandbox.home, ignore_errors=True)
 
     def close(self) -> None:
@@ -428,6 +431,7 @@ class SandboxManager:
         # launcher's memory, which every later fork inherits.
         plumbing.child_ends["env"] = memfd("sandbox-env", json.dumps(plan.env).encode())
         started = time.monotonic()
+        sandbox.rules_keys.add(plan.rules_key())
         child = self._launcher.spawn(dataclasses.replace(plan, env={}), plumbing.child_ends)
         sandbox.child = child  # from here on, kill() and destroy() reach it
         try:
