@@ -74,7 +74,9 @@ def test_request_defaults_are_fresh_and_frozen() -> None:
     [
         {"operation": "chmod"},
         {"access": "execute"},
-        {"path": "relative/path"},
+        {"path": ""},
+        {"path": "   "},
+        {"path": "a/../b"},
         {"path": "/a\0b"},
         {"size": -1},
         {"unexpected": 1},

@@ -86,7 +86,7 @@ def test_model_sees_file_tools_with_their_schemas(tmp_path: Path) -> None:
     for spec in FILE_TOOLS:
         assert seen[spec.name].parameters_json_schema == json_schema(spec.args)
         assert seen[spec.name].description.startswith(spec.description)
-        assert "Writable: /data" in seen[spec.name].description
+        assert "Writable: data" in seen[spec.name].description
 
 
 def test_id_and_max_retries_come_from_the_toolset(tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_write_then_read_roundtrip(tmp_path: Path) -> None:
     assert (tmp_path / "notes" / "a.txt").read_text() == "hello agent"
     (written,) = script.parts(1)
     assert isinstance(written, ToolReturnPart) and written.tool_name == "write_file"
-    assert written.content["path"] == "/data/notes/a.txt"
+    assert written.content["path"] == "data/notes/a.txt"
     (read,) = script.parts(2)
     assert isinstance(read, ToolReturnPart) and read.tool_name == "read_file"
     assert read.content["content"] == "hello agent"
@@ -134,7 +134,7 @@ def test_path_outside_sandbox_is_a_retry_prompt_with_the_sandbox_message(tmp_pat
     (retry,) = script.parts(1)
     assert_retried(retry, "read_file", "model_retry")
     assert retry.content.startswith("Cannot access '/etc/passwd'")
-    assert "Readable: /data. Writable: /data." in retry.content
+    assert "Readable: data. Writable: data." in retry.content
     # ...and it is in the text the model is actually given.
     assert "Cannot access '/etc/passwd'" in retry.model_response_str()
 
@@ -145,7 +145,7 @@ def test_approval_denial_goes_back_to_the_model(tmp_path: Path) -> None:
     script = run(toolset, [("write_file", {"path": "/data/a.txt", "content": "x"})])
     (retry,) = script.parts(1)
     assert_retried(retry, "write_file", "model_retry")
-    assert "write of '/data/a.txt' was not approved" in retry.model_response_str()
+    assert "write of 'data/a.txt' was not approved" in retry.model_response_str()
     assert not (tmp_path / "a.txt").exists()
 
 
@@ -171,14 +171,14 @@ def test_tool_calls_run_off_the_event_loop_thread(tmp_path: Path) -> None:
     seen: list[tuple[int, bool]] = []
     real_call: Callable[..., dict[str, Any]] = toolset.call
 
-    def recording_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def recording_call(name: str, arguments: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         try:
             asyncio.get_running_loop()
             on_loop = True
         except RuntimeError:
             on_loop = False
         seen.append((threading.get_ident(), on_loop))
-        return real_call(name, arguments)
+        return real_call(name, arguments, **kwargs)
 
     toolset.call = recording_call  # type: ignore[method-assign]
     loop_threads: list[int] = []

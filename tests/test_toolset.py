@@ -34,7 +34,9 @@ from sandbox_kernel_ext import (
     FilesystemTool,
     FileSystemToolset,
     FileTooLargeError,
+    NotAFileError,
     PathConfig,
+    PathExistsError,
     PathNotFoundError,
     PathNotInSandboxError,
     PathNotWritableError,
@@ -158,7 +160,7 @@ def test_read_text_offset_and_max_chars(env: Env) -> None:
     ts.write("/ws/u.txt", text)
     r = ts.read("/ws/u.txt")
     assert (r.content, r.truncated, r.total_chars, r.offset, r.chars_read) == (text, False, len(text), 0, len(text))
-    assert r.path == "/ws/u.txt" and r.mime_type == "text/plain" and r.content_encoding == "utf-8"
+    assert r.path == "ws/u.txt" and r.mime_type == "text/plain" and r.content_encoding == "utf-8"
     r = ts.read("ws/u.txt", offset=6, max_chars=5)
     assert (r.content, r.truncated, r.chars_read, r.offset) == ("wörld", True, 5, 6)
     r = ts.read("/ws/u.txt", offset=17, max_chars=1)
@@ -170,7 +172,7 @@ def test_read_text_offset_and_max_chars(env: Env) -> None:
         ts.read("/ws/u.txt", offset=-1)
     with pytest.raises(PathNotFoundError):
         ts.read("/ws/missing.txt")
-    with pytest.raises(FilesystemError):
+    with pytest.raises(NotAFileError):
         ts.read("/ws")
 
 
@@ -266,7 +268,7 @@ def test_view_empty_file(env: Env) -> None:
 def test_write_creates_parents_and_is_atomic(env: Env) -> None:
     ts = env.make()
     result = ts.write_file("/ws/a/b/c.txt", "first")
-    assert result.created and result.bytes_written == 5 and result.path == "/ws/a/b/c.txt"
+    assert result.created and result.bytes_written == 5 and result.path == "ws/a/b/c.txt"
     assert "Created" in ts.write("/ws/a/b/d.txt", "x")
     again = ts.write_file("ws/a/b/c.txt", "second version")
     assert not again.created and "Overwrote" in again.summary
@@ -281,10 +283,10 @@ def test_write_refusals(env: Env) -> None:
     ts = env.make()
     with pytest.raises(PathNotWritableError):
         ts.write("/ref/x.txt", "x")
-    with pytest.raises(FilesystemError):
+    with pytest.raises(NotAFileError):
         ts.write("/ws", "x")
     ts.write("/ws/d/f.txt", "x")
-    with pytest.raises(FilesystemError):
+    with pytest.raises(NotAFileError):
         ts.write("/ws/d", "x")
     with pytest.raises(PathNotFoundError):
         ts.write("/ws/d/f.txt/under", "x")  # a file where a folder should be
@@ -299,7 +301,7 @@ def test_write_refusals(env: Env) -> None:
 def test_edit_match_counts(env: Env) -> None:
     ts = env.make()
     ts.write("/ws/e.txt", "a b a c")
-    with pytest.raises(EditError, match="appears 2 times") as info:
+    with pytest.raises(EditError, match="found 2 times") as info:
         ts.edit("/ws/e.txt", "a", "z")
     assert info.value.matches == 2
     with pytest.raises(EditError, match="not found") as info:
@@ -335,7 +337,7 @@ def test_delete(env: Env) -> None:
         ts.read("/ws/d/x.txt")
     with pytest.raises(PathNotFoundError):
         ts.delete("/ws/d/x.txt")
-    with pytest.raises(FilesystemError, match="directory"):
+    with pytest.raises(NotAFileError, match="directory"):
         ts.delete("/ws/d")
     if env.kind == "host":
         with pytest.raises(PathNotWritableError):
@@ -353,7 +355,7 @@ def test_move_same_root(env: Env) -> None:
     with pytest.raises(PathNotFoundError):
         ts.read("/ws/a.txt")
     assert ts.storage_used("/ws") == used
-    with pytest.raises(FilesystemError, match="already exists"):
+    with pytest.raises(PathExistsError, match="already exists"):
         ts.move("/ws/new/dir/b.txt", "/ws/taken.txt")
     assert ts.read("/ws/taken.txt").content == "T" and ts.read("/ws/new/dir/b.txt").content == "AAA"
     with pytest.raises(PathNotFoundError):
@@ -365,7 +367,7 @@ def test_move_across_roots(env: Env) -> None:
     ts.write("/ws/m.txt", "12345678")
     ws_used, scratch_used = ts.storage_used("/ws"), ts.storage_used("/scratch")
     result = ts.move_file("/ws/m.txt", "/scratch/sub/m.txt")
-    assert (result.source, result.path) == ("/ws/m.txt", "/scratch/sub/m.txt")
+    assert (result.source, result.path) == ("ws/m.txt", "scratch/sub/m.txt")
     assert ts.read("/scratch/sub/m.txt").content == "12345678"
     with pytest.raises(PathNotFoundError):
         ts.read("/ws/m.txt")
@@ -409,17 +411,17 @@ def _tree(ts: FileSystemToolset) -> None:
 def test_list_files_patterns(env: Env) -> None:
     ts = env.make()
     _tree(ts)
-    everything = {f"/ws/{p}" for p in ("a.txt", "b.md", "sub/c.txt", "sub/d.md", "sub/deep/e.md", "sub/deep/f.txt")}
+    everything = {f"ws/{p}" for p in ("a.txt", "b.md", "sub/c.txt", "sub/d.md", "sub/deep/e.md", "sub/deep/f.txt")}
     assert set(ts.list_files("/ws")) == everything
     assert set(ts.list_files("/ws", "**/*")) == everything
-    assert ts.list_files("/ws", "*.txt") == ["/ws/a.txt"]
-    assert set(ts.list_files("/ws", "sub/**/*.md")) == {"/ws/sub/d.md", "/ws/sub/deep/e.md"}
-    assert set(ts.list_files("/ws", "**/*.txt")) == {"/ws/a.txt", "/ws/sub/c.txt", "/ws/sub/deep/f.txt"}
-    assert ts.list_files("/ws/sub", "*.md") == ["/ws/sub/d.md"]
+    assert ts.list_files("/ws", "*.txt") == ["ws/a.txt"]
+    assert set(ts.list_files("/ws", "sub/**/*.md")) == {"ws/sub/d.md", "ws/sub/deep/e.md"}
+    assert set(ts.list_files("/ws", "**/*.txt")) == {"ws/a.txt", "ws/sub/c.txt", "ws/sub/deep/f.txt"}
+    assert ts.list_files("/ws/sub", "*.md") == ["ws/sub/d.md"]
     assert ts.list_files("/ws", "nothing*") == []
     top = ts.list_files(".", "ws/sub/*.txt")
-    assert top == ["/ws/sub/c.txt"]
-    assert ts.find_files("/ws", "*.md").files == ["/ws/b.md"]
+    assert top == ["ws/sub/c.txt"]
+    assert ts.find_files("/ws", "*.md").files == ["ws/b.md"]
     with pytest.raises(PathNotInSandboxError):
         ts.list_files("/ws/../ref")
 
@@ -447,7 +449,7 @@ def test_store_backend_never_touches_host(tmp_path: Path) -> None:
     ts.move("/scratch/c.txt", "/ws/m.txt")
     ts.delete("/ws/m.txt")
     assert ts.read("/ws/new/file.txt").content == "bye"
-    assert ts.list_files("/ws") == ["/ws/new/file.txt"]
+    assert ts.list_files("/ws") == ["ws/new/file.txt"]
     with pytest.raises(PathNotFoundError):
         ts.read("/ref/readme.txt")  # the store does not read the host either
     ts.close()
@@ -464,7 +466,7 @@ def test_approval_allowed(env: Env) -> None:
 
     ts = env.make(broker=ApprovalBroker(CallbackResponder(decide)))
     ts.write("/gated/new.txt", "approved content")
-    assert [(r.operation, r.path, r.access, r.size) for r in seen] == [("write", "/gated/new.txt", "write", 16)]
+    assert [(r.operation, r.path, r.access, r.size) for r in seen] == [("write", "gated/new.txt", "write", 16)]
     assert "approved content" in seen[0].summary
     assert ts.read("/gated/new.txt").content == "approved content"
     assert (seen[-1].operation, seen[-1].access) == ("read", "read")
@@ -501,7 +503,7 @@ def test_the_person_sees_the_real_file_behind_a_virtual_path(env: Env) -> None:
     ts.read("/gated/sub/new.txt")
     expected = str(env.host / "gated" / "sub" / "new.txt") if env.kind == "host" else ""
     assert [r.location for r in seen] == [expected, expected]
-    assert seen[-1].path == "/gated/sub/new.txt"
+    assert seen[-1].path == "gated/sub/new.txt"
 
 
 def test_approval_denied_leaves_file_unchanged(env: Env) -> None:
@@ -542,10 +544,10 @@ def test_approval_allow_session_is_remembered(env: Env) -> None:
     ts.write("/gated/s.txt", "2")
     ts.edit("/gated/s.txt", "2", "3")
     ts.read("/gated/s.txt")  # a write grant covers reads
-    assert calls == ["/gated/s.txt"]
+    assert calls == ["gated/s.txt"]
     ts.write("/gated/other.txt", "x")
-    assert calls == ["/gated/s.txt", "/gated/other.txt"]
-    assert {g.path for g in broker.grants} == {"/gated/s.txt", "/gated/other.txt"}
+    assert calls == ["gated/s.txt", "gated/other.txt"]
+    assert {g.path for g in broker.grants} == {"gated/s.txt", "gated/other.txt"}
 
 
 def test_default_broker_denies_with_clear_message(env: Env) -> None:
@@ -553,7 +555,7 @@ def test_default_broker_denies_with_clear_message(env: Env) -> None:
     with pytest.raises(ApprovalDeniedError) as info:
         ts.write("/gated/x.txt", "x")
     message = str(info.value)
-    assert "/gated/x.txt" in message and "not approved" in message
+    assert "'gated/x.txt'" in message and "not approved" in message
     assert "write_approval" in message and "responder" in message
     with pytest.raises(ApprovalDeniedError, match="read_approval"):
         ts.read("/gated/keep.txt")
@@ -565,7 +567,7 @@ def test_create_default(tmp_path: Path) -> None:
     ts = FileSystemToolset.create_default(tmp_path, id="t1")
     ts.write("/data/x.txt", "y")
     assert (tmp_path / "x.txt").read_text() == "y"
-    assert ts.sandbox.readable_roots == ["/data"] and ts.id == "t1"
+    assert ts.sandbox.readable_roots == ["data"] and ts.id == "t1"
     ro = FileSystemToolset.create_default(tmp_path, mode="ro")
     with pytest.raises(PathNotWritableError):
         ro.write("/data/x.txt", "z")
@@ -776,7 +778,7 @@ def test_timeout_stops_large_write(env: Env) -> None:
         ts.write("/ws/keep.txt", "y" * 60_000_000)
     _budget(ts, 60)
     assert ts.storage_used("/ws") == used
-    assert ts.list_files("/ws") == ["/ws/keep.txt"]
+    assert ts.list_files("/ws") == ["ws/keep.txt"]
     assert ts.read("/ws/keep.txt").content == "old"
     if env.kind == "host":
         assert sorted(os.listdir(env.host / "ws")) == ["keep.txt"]
@@ -883,7 +885,7 @@ def test_tool_definitions(env: Env) -> None:
         assert d["type"] == "function"
         params = d["function"]["parameters"]
         assert params["type"] == "object" and params["additionalProperties"] is False
-        assert "Readable: /ws, /scratch, /ref, /gated" in d["function"]["description"]
+        assert "Readable: ws, scratch, ref, gated" in d["function"]["description"]
         json.dumps(d)
     read_only = env.make(sandbox=Sandbox(env.config).derive(allow_read="/ref"))
     assert {d["function"]["name"] for d in read_only.tool_definitions()} == {
@@ -898,7 +900,7 @@ def test_call_dispatch_and_bad_arguments(env: Env) -> None:
     out = ts.call("read_file", json.dumps({"path": "/ws/c.txt", "offset": 3}))
     assert out["content"] == "there" and out["content_encoding"] == "utf-8"
     assert ts.call("list_directory", {"path": "/ws"})["entries"] == [{"name": "c.txt", "type": "file", "size": 8}]
-    assert ts.call("list_files", {"path": "/ws"})["files"] == ["/ws/c.txt"]
+    assert ts.call("list_files", {"path": "/ws"})["files"] == ["ws/c.txt"]
     assert ts.call("edit_file", {"path": "/ws/c.txt", "old_text": "hi", "new_text": "oh"})["replaced"] == 1
     assert ts.call("view_file", {"path": "/ws/c.txt"})["lines"] == ["     1\toh there"]
     ts.call("copy_file", {"source": "/ws/c.txt", "destination": "/ws/d.txt"})

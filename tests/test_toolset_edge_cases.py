@@ -50,7 +50,7 @@ def test_session_grant_for_one_folder_does_not_cover_another_with_the_same_virtu
     with pytest.raises(ApprovalDeniedError):
         precious.write("/data/x.txt", "overwritten")
     assert (tmp_path / "precious" / "x.txt").read_text() == "keep me"
-    assert asked == ["/data/x.txt", "/data/x.txt"]  # the second toolset's request was asked
+    assert asked == ["data/x.txt", "data/x.txt"]  # the second toolset's request was asked
     scratch.write("/data/x.txt", "again")  # while the first one's grant still holds
     assert len(asked) == 2
 
@@ -143,7 +143,7 @@ def test_root_that_is_a_file_names_only_the_virtual_root(tmp_path):
     for call in (lambda: tools.storage_used("/data"), lambda: tools.read("/data/x")):
         with pytest.raises(PathNotFoundError) as info:
             call()
-        assert str(tmp_path) not in str(info.value) and "/data" in str(info.value)
+        assert str(tmp_path) not in str(info.value) and "'data'" in str(info.value)
 
 
 def test_read_is_capped_before_decoding_not_after(tmp_path):

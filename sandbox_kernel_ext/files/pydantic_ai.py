@@ -82,9 +82,9 @@ class _AgentTools(AbstractToolset[Any]):
         become `ModelRetry` so the model reads why and can change course. A call an
         approval wrapper around this toolset approved (it asked `needs_approval` first, in
         this task) is not asked about again."""
-        approved = take_ticket(call_key(self._files, name, tool_args))
-        call = partial(self._files.call, name, tool_args,
-                       approved_by="the approval wrapper" if approved else None)
+        call = partial(self._files.call, name, tool_args)
+        if take_ticket(call_key(self._files, name, tool_args)):
+            call = partial(call, approved_by="the approval wrapper")
         try:
             return await anyio.to_thread.run_sync(call)
         except SandboxError as exc:  # includes ApprovalDeniedError and ToolError

@@ -15,7 +15,9 @@ from ..policy.sandbox import Sandbox, is_within
 from .base import Tool
 
 
-_VIRTUAL_NAME = re.compile(r"(?<![\w/])/(d\d+)(?![\w])")
+# A root's name as messages spell it (`d0/a.txt`, `'d0'`, `Readable: d0, d1.`), never a
+# component further along a path (`d0/d1.txt`) or part of a longer word.
+_VIRTUAL_NAME = re.compile(r"(?<![\w/.\-])(d\d+)(?![\w\-])")
 
 
 class FilesystemTool(Tool):
@@ -85,7 +87,7 @@ class FilesystemTool(Tool):
             raise ToolError(f"{action} of '{path}' failed: {self._host_names(str(exc))}") from exc
 
     def _host_names(self, message: str) -> str:
-        """Say the model's own (host) paths instead of the toolset's virtual `/dN` names."""
+        """Say the model's own (host) paths instead of the toolset's virtual `dN` names."""
         return _VIRTUAL_NAME.sub(lambda m: self._names.get(m.group(1), m.group(0)), message)
 
     def _run(self, action: str, path: str, vpath: str, content: str | None) -> str | dict[str, Any]:

@@ -135,11 +135,11 @@ def test_a_gated_write_waits_for_the_answer_then_lands_whole(gated, person, root
     target = roots / "data" / "out.csv"
     code = f"with open({str(target)!r}, 'w') as f:\n    f.write('a,b\\n1,2\\n')\nprint('written')"
     thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=30))
-    request = person.wait_for_question("/data/out.csv")
+    request = person.wait_for_question("data/out.csv")
     assert request.operation == "write" and request.size == 8 and "1,2" in request.summary
     assert os.listdir(roots / "data") == []  # staged elsewhere: nothing here before the yes
     assert gated.status(sid).value == "running"
-    person.answer("/data/out.csv", Decision.allow_once)
+    person.answer("data/out.csv", Decision.allow_once)
     thread.join()
     result = box[0]
     assert result.exit_code == 0 and result.stdout == "written\n", result.stderr
@@ -148,30 +148,30 @@ def test_a_gated_write_waits_for_the_answer_then_lands_whole(gated, person, root
 
 def test_a_denied_write_leaves_nothing_and_says_why(gated, person, roots) -> None:
     sid = gated.create_sandbox(_policy(roots))
-    person.answer("/data/x.csv", Decision.deny)
+    person.answer("data/x.csv", Decision.deny)
     result = gated.run_python(sid, f"open({str(roots / 'data' / 'x.csv')!r}, 'w').close()")
     assert result.exit_code == 1
-    assert "PermissionError" in result.stderr and "/data/x.csv" in result.stderr
+    assert "PermissionError" in result.stderr and "'data/x.csv'" in result.stderr
     assert "was not approved" in result.stderr
     assert os.listdir(roots / "data") == []
 
 
 def test_gated_reads_ask_and_other_roots_do_not(gated, person, roots) -> None:
     sid = gated.create_sandbox(_policy(roots))
-    person.answer("/secret/key.txt", Decision.allow_once)
+    person.answer("secret/key.txt", Decision.allow_once)
     code = (f"secret = open({str(roots / 'secret' / 'key.txt')!r}).read()\n"
             f"guide = open({str(roots / 'docs' / 'guide.md')!r}).read()")
     result = gated.run_python(sid, code, outputs=["secret", "guide"])
     assert result.variables == {"secret": "the secret\n", "guide": "# guide\n"}, result.stderr
-    assert [r.path for r in person.asked] == ["/secret/key.txt"]
-    person.answer("/secret/key.txt", Decision.deny)
+    assert [r.path for r in person.asked] == ["secret/key.txt"]
+    person.answer("secret/key.txt", Decision.deny)
     denied = gated.run_python(sid, f"open({str(roots / 'secret' / 'key.txt')!r}).read()")
-    assert denied.exit_code == 1 and "read of '/secret/key.txt' was not approved" in denied.stderr
+    assert denied.exit_code == 1 and "read of 'secret/key.txt' was not approved" in denied.stderr
 
 
 def test_a_file_left_open_is_committed_at_the_end_of_the_cell(gated, person, roots) -> None:
     sid = gated.create_sandbox(_policy(roots))
-    person.answer("/data/open.txt", Decision.allow_once)
+    person.answer("data/open.txt", Decision.allow_once)
     result = gated.run_python(sid, f"f = open({str(roots / 'data' / 'open.txt')!r}, 'w')\n"
                                    "f.write('kept')")
     assert result.exit_code == 0, result.stderr
@@ -181,7 +181,7 @@ def test_a_file_left_open_is_committed_at_the_end_of_the_cell(gated, person, roo
 def test_always_covers_later_runs_and_append_keeps_the_old_content(gated, person, roots) -> None:
     sid = gated.create_sandbox(_policy(roots))
     path = str(roots / "data" / "log.txt")
-    person.answer("/data/log.txt", Decision.allow_session)
+    person.answer("data/log.txt", Decision.allow_session)
     assert gated.run_python(sid, f"open({path!r}, 'w').write('one\\n')").exit_code == 0
     again = gated.run_python(sid, f"with open({path!r}, 'a') as f: f.write('two\\n')")
     assert again.exit_code == 0, again.stderr
@@ -199,8 +199,8 @@ for path, mode in [({str(roots / 'docs' / 'new.md')!r}, 'w'), ('/usr/evil', 'w')
         print(exc)
 """)
     lines = result.stdout.splitlines()
-    assert "write to /docs/new.md denied by the sandbox policy: /docs is read-only" in lines[0]
-    assert f"writable: /data = {roots / 'data'}" in lines[0]
+    assert "write to docs/new.md denied by the sandbox policy: docs is read-only" in lines[0]
+    assert f"writable: data = {roots / 'data'}" in lines[0]
     assert "write to /usr/evil denied by the sandbox policy" in lines[1]
 
 
@@ -208,7 +208,7 @@ def test_approvals_cannot_open_more_than_the_policy_gates(gated, person, roots, 
     """The kernel's rules stay the ceiling: a forged open for a path outside the gated roots,
     a symlink planted in a gated root, and going around the hooks all fail."""
     os.symlink("/etc/shadow", roots / "secret" / "link.txt")
-    person.answer("/secret/link.txt", Decision.allow_once)
+    person.answer("secret/link.txt", Decision.allow_once)
     sid = gated.create_sandbox(_policy(roots))
     result = gated.run_python(sid, f"""
 import ctypes, io, os
@@ -255,7 +255,7 @@ def test_forged_frames_end_the_run_with_a_reason(gated, roots, frame, reason) ->
 
 def test_a_replayed_request_id_ends_the_run(gated, person, roots) -> None:
     sid = gated.create_sandbox(_policy(roots))
-    person.answer("/secret/key.txt", Decision.allow_once)
+    person.answer("secret/key.txt", Decision.allow_once)
     code = f"""
 import time
 from sandbox_kernel_ext.runner.child import inside
@@ -280,7 +280,7 @@ def test_a_timed_out_approval_denies_and_leaves_nothing(roots) -> None:
         left_open = manager.run_python(sid, f"f = open({path!r}, 'w')\nf.write('x')")
     assert result.exit_code == 1 and "nobody answered in time" in result.stderr
     for run in (dropped, left_open):
-        assert run.exit_code == 1 and "t.txt was not written: write of '/data/t.txt' was not " \
+        assert run.exit_code == 1 and "t.txt was not written: write of 'data/t.txt' was not " \
             "approved" in run.stderr, run.stderr
     assert os.listdir(roots / "data") == []
 
@@ -289,9 +289,9 @@ def test_waiting_for_a_person_does_not_count_against_the_timeout(gated, person, 
     sid = gated.create_sandbox(_policy(roots))
     code = f"open({str(roots / 'data' / 'slow.txt')!r}, 'w').write('x')\nprint('done')"
     thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=1.0))
-    person.wait_for_question("/data/slow.txt")
+    person.wait_for_question("data/slow.txt")
     time.sleep(2.0)  # longer than the run's whole timeout
-    person.answer("/data/slow.txt", Decision.allow_once)
+    person.answer("data/slow.txt", Decision.allow_once)
     thread.join()
     assert box[0].killed is None and box[0].stdout == "done\n", box[0].stderr
     assert box[0].resource_usage["elapsed_seconds"] < box[0].resource_usage["wall_seconds"]
@@ -301,11 +301,11 @@ def test_a_kill_while_an_approval_is_pending_leaves_nothing(gated, person, roots
     sid = gated.create_sandbox(_policy(roots))
     code = f"with open({str(roots / 'data' / 'k.txt')!r}, 'w') as f:\n    f.write('partial')"
     thread, box = _in_background(lambda: gated.run_python(sid, code, timeout=60))
-    person.wait_for_question("/data/k.txt")
+    person.wait_for_question("data/k.txt")
     gated.kill(sid, "stopped by the test")
     thread.join()
     assert box[0].killed == "stopped by the test"
-    person.answer("/data/k.txt", Decision.allow_once)  # too late: must write nothing
+    person.answer("data/k.txt", Decision.allow_once)  # too late: must write nothing
     _wait_for_control_threads()
     assert os.listdir(roots / "data") == []
     assert _sandbox_processes(gated) == []
@@ -316,7 +316,7 @@ def test_an_interrupted_parent_leaves_no_process_and_no_file(gated, person, root
     main = threading.get_ident()
 
     def interrupt() -> None:
-        person.wait_for_question("/data/i.txt")
+        person.wait_for_question("data/i.txt")
         signal.pthread_kill(main, signal.SIGINT)
 
     helper = threading.Thread(target=interrupt)
@@ -324,7 +324,7 @@ def test_an_interrupted_parent_leaves_no_process_and_no_file(gated, person, root
     with pytest.raises(KeyboardInterrupt):
         gated.run_python(sid, f"open({str(roots / 'data' / 'i.txt')!r}, 'w').write('x')", timeout=60)
     helper.join()
-    person.answer("/data/i.txt", Decision.allow_once)  # too late: must write nothing
+    person.answer("data/i.txt", Decision.allow_once)  # too late: must write nothing
     _wait_for_control_threads()
     assert _sandbox_processes(gated) == []
     assert os.listdir(roots / "data") == []
@@ -398,7 +398,7 @@ def test_a_committed_write_is_the_approved_snapshot(gated, person, roots) -> Non
     """Found in review: the child kept a descriptor of the staged file and rewrote it after
     the approval. Now the kernel copies what the person saw and writes only that."""
     sid = gated.create_sandbox(_policy(roots))
-    person.answer("/data/out.txt", Decision.allow_once)
+    person.answer("data/out.txt", Decision.allow_once)
     result = gated.run_python(sid, f"""
 import os
 f = open({str(roots / 'data' / 'out.txt')!r}, "w")
@@ -460,7 +460,7 @@ def test_an_answer_an_interrupt_abandoned_never_answers_a_later_request(gated, p
         key, other = roots / "secret" / "key.txt", roots / "secret" / "other.txt"
         thread, box = _in_background(lambda: session.run_cell(
             f"print(open({str(key)!r}).read())", timeout=60))
-        person.wait_for_question("/secret/key.txt")
+        person.wait_for_question("secret/key.txt")
         session.interrupt()
         thread.join(timeout=60)
         assert box and box[0].error is not None and box[0].error["ename"] == "KeyboardInterrupt"
@@ -470,9 +470,9 @@ def test_an_answer_an_interrupt_abandoned_never_answers_a_later_request(gated, p
         thread, box = _in_background(lambda: session.run_cell(
             f"try:\n    print(open({str(other)!r}).read())\n"
             f"except PermissionError as exc:\n    print('refused:', exc)", timeout=60))
-        person.answer("/secret/key.txt", Decision.allow_once)
-        person.wait_for_question("/secret/other.txt")
-        person.answer("/secret/other.txt", Decision.deny)
+        person.answer("secret/key.txt", Decision.allow_once)
+        person.wait_for_question("secret/other.txt")
+        person.answer("secret/other.txt", Decision.deny)
         thread.join(timeout=60)
         assert box and "refused:" in box[0].stdout, box[0].stdout + box[0].stderr
         assert "the secret" not in box[0].stdout
