@@ -1,0 +1,94 @@
+"""A "read everywhere" sandbox reads none of the credential stores real tools keep in a home
+folder (issue 13, section 1): every entry of the built-in list is planted, world-readable, in
+a fresh home under /home, and a confined child tries to read it. The home's other files stay
+readable (the control that shows a denial is the list's doing, not the file's mode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
+from sandbox_kernel_ext.runner.trusted.host_reads import HOME_CREDENTIAL_PATHS
+
+# Named in the issue, or what a tool writes there: these must stay on the list.
+MUST_BE_DENIED = (
+    ".ipython/profile_default/history.sqlite",  # every cell a kernel ran, keys typed included
+    ".ipython/profile_work/history.sqlite",  # any profile, not only the default one
+    ".local/share/jupyter/notebook_secret",  # signs trusted notebooks
+    ".local/share/jupyter/nbsignatures.db",
+    ".local/share/jupyter/runtime/kernel-1.json",  # a kernel's connection key
+    ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token",
+    ".aws/credentials", ".config/gcloud/credentials.db", ".azure/msal_token_cache.json",
+    ".oci/config", ".kube/config", ".docker/config.json", ".config/containers/auth.json",
+    ".pypirc", ".npmrc", ".config/pip/pip.conf", ".gem/credentials", ".m2/settings.xml",
+    ".gradle/gradle.properties", ".config/composer/auth.json", ".condarc", ".kaggle/kaggle.json",
+    ".netrc", ".git-credentials", ".config/git/credentials", ".config/gh/hosts.yml",
+    ".mozilla/firefox/profiles.ini", ".config/google-chrome/Default/Login Data",
+    ".config/BraveSoftware/Brave-Browser/Default/Cookies", ".thunderbird/profiles.ini",
+    ".password-store/email.gpg", ".local/share/keyrings/login.keyring", ".gnupg/private-keys-v1.d",
+    ".config/op/config", ".codex/auth.json", ".claude/.credentials.json", ".gemini/oauth_creds.json",
+    ".config/github-copilot/hosts.json", ".ssh/id_ed25519", ".bash_history",
+    ".local/share/fish/fish_history", ".psql_history", ".mysql_history",
+)
+
+
+@pytest.fixture
+def planted_home() -> Iterator[Path]:
+    """A world-readable home in /home with every credential store planted in it."""
+    home = Path("/home") / f"sbxcred-{uuid.uuid4().hex[:8]}"
+    home.mkdir(mode=0o755)
+    try:
+        # Deepest first: an entry that holds another (`.aws` and `.aws/credentials`) is a folder.
+        for entry in sorted({*HOME_CREDENTIAL_PATHS, *MUST_BE_DENIED}, key=lambda e: -e.count("/")):
+            path = home / entry
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():  # a folder another entry already planted a file in
+                continue
+            path.write_text(f"SECRET {entry}\n")
+        (home / "notes.txt").write_text("public notes\n")
+        for root, dirs, files in os.walk(home):
+            os.chmod(root, 0o755)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o644)
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+CODE = """
+import json
+results = {}
+for path in paths:
+    try:
+        with open(path) as f:
+            results[path] = f.read()
+    except OSError as exc:
+        results[path] = type(exc).__name__
+print(json.dumps(results))
+"""
+
+
+def test_every_credential_store_is_unreadable_when_reading_everywhere(
+    manager: SandboxManager, planted_home: Path
+) -> None:
+    planted = sorted(str(p) for p in planted_home.rglob("*") if p.is_file())
+    sid = manager.create_sandbox(CapabilityDeclaration(
+        filesystem_config=FilesystemConfig(mode="read_only", readable_paths=None)))
+    try:
+        result = manager.run_python(sid, f"paths = {planted!r}\n" + CODE)
+    finally:
+        manager.destroy(sid)
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    control = str(planted_home / "notes.txt")
+    assert seen.pop(control) == "public notes\n"
+    leaked = {path: text for path, text in seen.items() if text.startswith("SECRET")}
+    assert leaked == {}
+    assert set(seen.values()) == {"PermissionError"}
