@@ -179,22 +179,53 @@ def python_write_set() -> list[str]:
 
 # -- credential stores ---------------------------------------------------------------------------
 
-# Beneath every home folder: where tools keep keys, tokens and passwords. A policy that reads
-# "everywhere" (``readable_paths: null``) still never reads these.
+# Beneath every home folder: where tools keep keys, tokens and passwords, by kind, from where
+# each tool documents that it stores them. A policy that reads "everywhere" (`readable_paths:
+# null`) still never reads these. A folder is denied whole when a tool keeps its secret in a
+# file whose name varies (profiles, per-host tokens) or keeps little else there.
 HOME_CREDENTIAL_PATHS = (
-    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".config/gh", ".config/hub",
-    ".docker", ".kube", ".netrc", ".git-credentials", ".pypirc", ".npmrc", ".yarnrc",
-    ".password-store", ".local/share/keyrings", ".vault-token", ".terraform.d",
-    ".cargo/credentials", ".cargo/credentials.toml", ".config/rclone", ".s3cfg",
-    ".boto", ".pgpass", ".my.cnf", ".mozilla", ".config/google-chrome", ".config/chromium",
-    ".ipython/profile_default/security", ".local/share/jupyter/runtime", ".jupyter",
-    ".bash_history", ".python_history", ".zsh_history",
+    # keys and agents
+    ".ssh", ".gnupg", ".password-store", ".local/share/keyrings", ".local/share/kwalletd",
+    ".config/op", ".config/Bitwarden CLI", ".config/age", ".config/sops",
+    # Jupyter and IPython: the history of every cell a kernel ran (keys typed into it
+    # included), kernels' connection keys, the secret that signs trusted notebooks
+    ".ipython", ".jupyter", ".local/share/jupyter",
+    # cloud and cluster tools
+    ".aws", ".azure", ".config/gcloud", ".oci", ".config/doctl", ".config/hcloud",
+    ".config/scw", ".config/openstack", ".config/linode-cli", ".ibmcloud", ".aliyun",
+    ".databrickscfg", ".snowflake", ".kube", ".minikube", ".docker", ".config/containers",
+    ".config/helm", ".terraform.d", ".terraformrc", ".pulumi", ".fly", ".config/netlify",
+    ".vault-token", ".config/rclone", ".s3cfg", ".boto", ".config/ngrok", ".ngrok2",
+    ".config/tailscale", ".kaggle",
+    # code hosts and git
+    ".netrc", ".authinfo", ".authinfo.gpg", ".git-credentials", ".config/git/credentials",
+    ".config/gh", ".config/hub", ".config/glab-cli",
+    # package indexes
+    ".pypirc", ".config/pip", ".pip", ".npmrc", ".yarnrc", ".yarnrc.yml", ".cargo/credentials",
+    ".cargo/credentials.toml", ".gem/credentials", ".m2/settings.xml",
+    ".m2/settings-security.xml", ".gradle/gradle.properties", ".nuget/NuGet/NuGet.Config",
+    ".config/composer/auth.json", ".composer/auth.json", ".condarc", ".config/pypoetry/auth.toml",
+    # model hubs and AI assistants' logins
+    ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface",
+    ".codex", ".claude", ".claude.json", ".gemini", ".config/github-copilot",
+    ".config/wandb", ".config/openai",
+    # databases
+    ".pgpass", ".my.cnf", ".mylogin.cnf",
+    # browsers and mail (cookies, saved passwords)
+    ".mozilla", ".librewolf", ".thunderbird", ".config/google-chrome", ".config/chromium",
+    ".config/BraveSoftware", ".config/microsoft-edge", ".config/vivaldi", ".config/opera",
+    "snap/firefox", "snap/chromium", ".var/app", ".msmtprc", ".fetchmailrc", ".mbsyncrc",
+    # what was typed at prompts (passwords and tokens pasted included)
+    ".bash_history", ".zsh_history", ".zhistory", ".histfile", ".sh_history",
+    ".local/share/fish/fish_history", ".python_history", ".node_repl_history",
+    ".psql_history", ".mysql_history", ".sqlite_history", ".rediscli_history",
+    ".irb_history", ".Rhistory", ".julia/logs",
 )
 # Outside the homes: orchestrators' mounted secrets and sockets, and the Jupyter kernel's own keys.
 SYSTEM_CREDENTIAL_PATHS = (
     "/run/secrets", "/var/run/secrets", "/run/docker.sock", "/var/run/docker.sock",
     "/var/lib/docker", "/var/lib/kubelet", "/run/user", "/var/lib/sss", "/var/lib/jupyter",
-    "/root/.local/share/jupyter", "/boot", "/lost+found",
+    "/boot", "/lost+found",
 )
 
 
