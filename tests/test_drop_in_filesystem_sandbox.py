@@ -36,6 +36,18 @@ from sandbox_kernel_ext import (
 )
 
 
+_made: list[FileSystemToolset] = []
+
+
+@pytest.fixture(autouse=True)
+def close_toolsets() -> Any:
+    """Each toolset holds its roots' directory descriptors until closed: close them here,
+    so no later test sees a descriptor this module left to the garbage collector."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def two_roots(tmp_path: Path, **output: Any) -> FileSystemToolset:
     """`input` (read-only, two files) and `output` (read-write) in multi-path mode."""
     (tmp_path / "in" / "sub").mkdir(parents=True)
@@ -47,7 +59,8 @@ def two_roots(tmp_path: Path, **output: Any) -> FileSystemToolset:
         "output": PathConfig(root=str(tmp_path / "out"), mode="rw",
                              **{"write_approval": False, **output}),
     })
-    return FileSystemToolset(Sandbox(config))
+    _made.append(FileSystemToolset(Sandbox(config)))
+    return _made[-1]
 
 
 class TestPathSpelling:
@@ -94,6 +107,7 @@ class TestPathSpelling:
         (tmp_path / "proj" / "src" / "a.txt").write_text("hi", encoding="utf-8")
         config = SandboxConfig(root=RootSandboxConfig(root=tmp_path / "proj", readonly=False))
         toolset = FileSystemToolset(Sandbox(config, base_path=tmp_path))
+        _made.append(toolset)
         assert toolset.sandbox.readable_roots == ["/"] and toolset.sandbox.writable_roots == ["/"]
         assert toolset.list_files(".") == ["/src/a.txt"]
         assert toolset.sandbox.resolve("src/a.txt") == toolset.sandbox.resolve("/src/a.txt")
@@ -199,7 +213,8 @@ def gated(tmp_path: Path, broker: ApprovalBroker | None = None) -> FileSystemToo
     """The library's defaults: a `rw` path asks before each write (`write_approval: True`)."""
     (tmp_path / "data").mkdir(exist_ok=True)
     config = SandboxConfig(paths={"data": PathConfig(root=str(tmp_path / "data"), mode="rw")})
-    return FileSystemToolset(Sandbox(config), broker=broker)
+    _made.append(FileSystemToolset(Sandbox(config), broker=broker))
+    return _made[-1]
 
 
 class TestDefaultApprovals:
@@ -356,6 +371,7 @@ class TestApprovalWrapper:
         """A toolset made by this package (session_toolset, from_policy on the plain class)
         goes to an agent through `as_pydantic_ai_toolset`, with the same approvals."""
         plain = PlainToolset(gated(tmp_path).sandbox)
+        _made.append(plain)
         person = Person()
         wrapped = approval.ApprovalToolset(inner=as_pydantic_ai_toolset(plain),
                                            approval_callback=person)

@@ -81,9 +81,9 @@ def test_deepagents_size_ceiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from sandbox_kernel_ext import FileSystemToolset
 
     monkeypatch.setenv("INSPECT_AGENTS_FS_MAX_BYTES", "4")
-    toolset = FileSystemToolset.create_default(tmp_path)
-    with pytest.raises(FileSizeExceeded, match="too large"):
-        toolset.write("data/big.txt", "12345")
+    with FileSystemToolset.create_default(tmp_path) as toolset:
+        with pytest.raises(FileSizeExceeded, match="too large"):
+            toolset.write("data/big.txt", "12345")
 
 
 def test_atlas_handlers_report_a_missing_path_as_a_violation(
