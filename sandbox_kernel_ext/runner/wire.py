@@ -34,7 +34,7 @@ STATUS_FD = 5  # child -> launcher: setup errors; closed (on exec) once the chil
 
 # The launcher's messages: a plan with ~250 paths is ~20 KB; descriptors per message.
 MAX_MESSAGE = 4 * 1024 * 1024
-MAX_FDS = 8
+MAX_FDS = 12
 
 # Output variables are parsed on the trusted side: 4 MiB of JSON can cost ~100x that as
 # Python objects in the worst case, so the cap stays small. Larger results belong in a file.

@@ -171,8 +171,11 @@ def _confine_and_run(
     if drop_root and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
-    if "env" in fds:  # the environment came on a memfd, never through the launcher's memory
+    # The environment and the command line came on memfds, never through the launcher's memory.
+    if "env" in fds:
         plan.env = json.loads(read_to_end(fds.pop("env")))
+    if "argv" in fds:
+        plan.argv = json.loads(read_to_end(fds.pop("argv")))
     if "egress" in fds:
         _hand_over_listener(plan, fds)
     ruleset_fd = None

@@ -427,12 +427,15 @@ class SandboxManager:
         """Start the child and wait until it runs; (the child, its start, the proxy's
         listener in its namespace). A failure or an interrupt while it starts kills it: it
         must not run on unwatched."""
-        # Values (API keys the policy lets through) go on a memfd: a plan is kept in the
-        # launcher's memory, which every later fork inherits.
+        # Values (API keys the policy lets through) and the command line (a shell cell's
+        # whole script) go on memfds: a plan passes through the launcher's memory, which
+        # every later fork, another sandbox's cell included, inherits.
         plumbing.child_ends["env"] = memfd("sandbox-env", json.dumps(plan.env).encode())
+        plumbing.child_ends["argv"] = memfd("sandbox-argv", json.dumps(plan.argv).encode())
         started = time.monotonic()
         sandbox.rules_keys.add(plan.rules_key())
-        child = self._launcher.spawn(dataclasses.replace(plan, env={}), plumbing.child_ends)
+        child = self._launcher.spawn(dataclasses.replace(plan, env={}, argv=[]),
+                                     plumbing.child_ends)
         sandbox.child = child  # from here on, kill() and destroy() reach it
         try:
             child.wait_started()
