@@ -104,6 +104,7 @@ ARCHES: dict[str, _Arch] = {
         "name_to_handle_at": 303, "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53,
         "seccomp": 317, "ioctl": 16, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
         "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301,
+        "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -117,6 +118,7 @@ ARCHES: dict[str, _Arch] = {
         "name_to_handle_at": 264, "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199,
         "seccomp": 277, "ioctl": 29, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
         "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
+        "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "msgget": 186,
     }),
 }
 _MACHINE_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -235,6 +237,18 @@ _DENIED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "child may not list", ("inotify_add_watch", "fanotify_init", "fanotify_mark")),
 )
 
+# Memory that lives in no process's resident set, so neither the monitor nor RLIMIT_AS sees it:
+# a cell could hold gigabytes under a small limit. ENOSYS reads as "not on this system", and
+# programs that can do without (most use a temporary file or POSIX shared memory, which lives
+# in the child's private, size-capped /dev/shm) fall back.
+_MEMORY_OUTSIDE_THE_BUDGET = (
+    ("memfd_create", "an anonymous tmpfs file: its pages count against no budget"),
+    ("memfd_secret", "secret memory, outside the resident set as well"),
+    ("shmget", "System V shared memory outlives every mapping of it"),
+    ("shmat", "attaching System V shared memory (the host's too, without an IPC namespace)"),
+    ("msgget", "a System V message queue holds kernel memory until it is removed"),
+)
+
 
 def _socket_rules(
     syscall: str, families: frozenset[int], inet_tcp_only: bool
@@ -286,6 +300,7 @@ def build_rules(
                 "checks the port (seen on Linux 6.18); programs then connect() as usual")
     return (
         *(deny(name, why=why) for why, names in _DENIED for name in names),
+        *(deny(name, code=errno.ENOSYS, why=why) for name, why in _MEMORY_OUTSIDE_THE_BUDGET),
         deny("clone3", code=errno.ENOSYS,
              why="clone3 passes its flags in memory, where BPF cannot look; on ENOSYS libc "
                  "falls back to clone, whose flags the next rule inspects"),
