@@ -46,6 +46,7 @@ def close_toolsets() -> Any:
     yield
     while _made:
         _made.pop().close()
+    leave_ticket(None)  # no test leaves another a ticket
 
 
 def two_roots(tmp_path: Path, **output: Any) -> FileSystemToolset:
@@ -259,6 +260,7 @@ from pydantic_ai import Agent  # noqa: E402
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart  # noqa: E402
 from pydantic_ai.models.function import FunctionModel  # noqa: E402
 
+from sandbox_kernel_ext.files.call_approval import leave_ticket  # noqa: E402
 from sandbox_kernel_ext.files.pydantic_ai import as_pydantic_ai_toolset  # noqa: E402
 from sandbox_kernel_ext.files.toolset import FileSystemToolset as PlainToolset  # noqa: E402
 
@@ -382,12 +384,50 @@ class TestApprovalWrapper:
     def test_a_direct_call_still_asks_the_toolsets_own_broker(
         self, tmp_path: Path, nobody_else_asks: list[str]
     ) -> None:
-        """Approval through the wrapper covers the one call it asked about, nothing else."""
+        """Approval through the wrapper covers the one call it asked about, nothing else:
+        not another call, and not the same call made later by another task (an agent run
+        copies the context the ticket was left in)."""
         toolset = gated(tmp_path)
-        toolset.needs_approval("write_file", {"path": "data/a.txt", "content": "x"}, None)
+        write_a = ("write_file", {"path": "data/a.txt", "content": "x"})
+        toolset.needs_approval(*write_a, None)
         agent_calls(toolset, [("write_file", {"path": "data/b.txt", "content": "x"})])
-        assert nobody_else_asks == ["data/b.txt"]
+        agent_calls(toolset, [write_a])
+        agent_calls(toolset, [write_a])
+        assert nobody_else_asks == ["data/b.txt", "data/a.txt", "data/a.txt"]
+        assert not (tmp_path / "data" / "a.txt").exists()
         assert not (tmp_path / "data" / "b.txt").exists()
+
+    def test_a_ticket_is_good_for_the_next_call_only(
+        self, tmp_path: Path, nobody_else_asks: list[str]
+    ) -> None:
+        toolset = gated(tmp_path)
+        write = {"path": "data/t.txt", "content": "x"}
+        toolset.needs_approval("write_file", write, None)
+        toolset.call("write_file", write)  # the call the "wrapper" approved
+        assert nobody_else_asks == []
+        with pytest.raises(ApprovalDeniedError):
+            toolset.call("write_file", write)  # the same again: asked, and refused
+        assert nobody_else_asks == ["data/t.txt"]
+        toolset.needs_approval("write_file", write, None)
+        with pytest.raises(ApprovalDeniedError):  # another call first voids the ticket
+            toolset.call("delete_file", {"path": "data/t.txt"})
+        with pytest.raises(ApprovalDeniedError):
+            toolset.call("write_file", write)
+
+    def test_the_description_cannot_redraw_the_prompt(self, tmp_path: Path) -> None:
+        toolset = gated(tmp_path)
+        for path in ("data/run.sh\x1b[2K\rRead from data/notes.txt", "data/\u202etxt.hs"):
+            description = toolset.get_approval_description(
+                "write_file", {"path": path, "content": "x"}, None)
+            assert "\x1b" not in description and "\r" not in description
+            assert "\u202e" not in description
+
+    def test_every_toolset_of_the_package_is_a_file_system_toolset(self, tmp_path: Path) -> None:
+        plain = PlainToolset(gated(tmp_path).sandbox)
+        _made.append(plain)
+        assert isinstance(plain, FileSystemToolset)
+        assert isinstance(fs_sandbox.FilesystemTool([str(tmp_path)]).toolset, FileSystemToolset)
+        assert not isinstance(object(), FileSystemToolset)
 
 
 def test_importing_the_package_does_not_import_pydantic_ai() -> None:

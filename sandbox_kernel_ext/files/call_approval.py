@@ -9,15 +9,20 @@ let through is not asked about a second time by the toolset's own broker: `needs
 leaves a ticket for exactly that call (tool name and arguments, in the caller's context), and
 the call that follows takes it.
 
+A ticket is good for one call, the very next one this toolset makes in the same asyncio task
+(or thread), with the same tool and arguments; any other call first, or a new
+`needs_approval`, voids it, in every copy of the context (tasks and worker threads copy it).
+
 Limit, stated: the ticket says "the wrapper asked" only because the wrapper's protocol calls
-`needs_approval` and then, if the person approved, the tool. Trusted code in the same context
-that calls `needs_approval` itself and then the tool with the same arguments skips the
+`needs_approval` and then, if the person approved, the tool. Trusted code that calls
+`needs_approval` itself and then makes that same call next, in the same task, skips the
 toolset's own question too; a model cannot, since it only names tools and arguments.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -68,7 +73,31 @@ class CallApproval:
 
 
 _Key = tuple[int, str, str]
-_ticket: ContextVar[_Key | None] = ContextVar("sandbox_kernel_ext_wrapper_ticket", default=None)
+
+
+@dataclass
+class _Ticket:
+    """One call's ticket: its key and the task (or thread) that asked. Mutable, so that the
+    copies of a context that tasks and worker threads make all share it: taken once, it is
+    gone for every copy."""
+
+    key: _Key | None
+    asker: object
+
+
+_ticket: ContextVar[_Ticket | None] = ContextVar("sandbox_kernel_ext_wrapper_ticket", default=None)
+
+
+def _asker() -> object:
+    """The asyncio task running now, or else the thread: the wrapper asks `needs_approval`
+    and makes the call in one task, and nothing else shares that."""
+    try:
+        import asyncio
+
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop in this thread
+        task = None
+    return task if task is not None else threading.get_ident()
 
 
 def call_key(owner: object, name: str, tool_args: Any) -> _Key:
@@ -81,13 +110,21 @@ def call_key(owner: object, name: str, tool_args: Any) -> _Key:
 
 
 def leave_ticket(key: _Key | None) -> None:
-    """Set (or, with None, clear) the ticket of the current context."""
-    _ticket.set(key)
+    """Leave a ticket for the call `key` names, made next by this task (None: no ticket).
+    Whatever ticket was left before is void from now on, in every copy of the context."""
+    previous = _ticket.get()
+    if previous is not None:
+        previous.key = None
+    _ticket.set(_Ticket(key, _asker()) if key is not None else None)
 
 
 def take_ticket(key: _Key) -> bool:
-    """True, once, when the current context holds the ticket for exactly this call."""
-    if _ticket.get() != key:
+    """True, once, when this task holds the ticket for exactly this call."""
+    ticket = _ticket.get()
+    if ticket is None or ticket.key is None:
         return False
-    _ticket.set(None)
+    if ticket.key != key or ticket.asker != _asker():
+        ticket.key = None  # any other call first: the wrapper's call did not come next
+        return False
+    ticket.key = None
     return True

@@ -120,11 +120,21 @@ class PydanticAIFileSystemToolset(_AgentTools):
         return f"{type(self).__name__}({self._files!r})"
 
 
-class FileSystemToolset(PlainFileSystemToolset, _AgentTools):
+class _AnyFileSystemToolset(type(AbstractToolset)):  # type: ignore[misc]
+    """`isinstance(t, sandbox_kernel_ext.FileSystemToolset)` holds for every toolset of this
+    package, including those it makes as the plain class (`session_toolset()`,
+    `FilesystemTool.toolset`), as it did before this class stood behind the name."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, PlainFileSystemToolset) or super().__instancecheck__(instance)
+
+
+class FileSystemToolset(PlainFileSystemToolset, _AgentTools, metaclass=_AnyFileSystemToolset):
     """filesystem-sandbox's `FileSystemToolset` as that library has it: the toolset is itself
     a PydanticAI toolset, so `Agent(toolsets=[FileSystemToolset(sandbox)])` and an approval
     wrapper's `ApprovalToolset(inner=FileSystemToolset(sandbox), ...)` work unchanged.
-    `sandbox_kernel_ext.FileSystemToolset` is this class when PydanticAI is installed."""
+    `sandbox_kernel_ext.FileSystemToolset` is this class when PydanticAI is installed. A
+    toolset made as the plain class goes to an agent through `as_pydantic_ai_toolset`."""
 
     @property
     def _files(self) -> PlainFileSystemToolset:

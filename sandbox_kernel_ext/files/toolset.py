@@ -785,10 +785,10 @@ class FileSystemToolset:
                             continue
                         found.append(str(base.at(full)))
                         if len(found) > limit:
-                            raise _too_many(f"More than {limit:,} files match '{pattern}' under {top}; "
+                            raise _too_many(f"More than {limit:,} files match '{pattern}' under '{top}'; "
                                             "use a narrower path or pattern.", len(found), limit)
         found.sort()  # as filesystem-sandbox returns them: the same listing, the same order
-        return ListResult(files=found, summary=f"{len(found)} file(s) match '{pattern}' under {top}.")
+        return ListResult(files=found, summary=f"{len(found)} file(s) match '{pattern}' under '{top}'.")
 
     def _listing_bases(self, top: VirtualPath) -> list[VirtualPath]:
         if not top.is_top:
@@ -910,9 +910,11 @@ class FileSystemToolset:
         args = tool_args if isinstance(tool_args, dict) else {}
 
         def shown(key: str) -> str:
+            # The model chose the path: escaped, so control and bidi characters cannot
+            # redraw the prompt the person answers.
             value = args.get(key, ".")
             try:
-                return str(self._sandbox.parse(value))
+                return printable(str(self._sandbox.parse(value)))
             except SandboxError:
                 return printable(repr(value))
 

@@ -257,10 +257,11 @@ class _Resources:
 
 
 def _ask_through(broker: ApprovalBroker, request: Any, timeout: float | None) -> Any:
-    """Answer as `broker`'s own responder would (never through the default it may follow,
-    which would be this function again)."""
+    """Answer as `broker`'s own responder would, with its timeout (the session's settings
+    hold for every broker that follows the default), never through the default it may
+    follow, which would be this function again."""
     responder = HeadlessResponder() if broker.follows_default else broker.responder
-    return responder(request, timeout)
+    return responder(request, broker.timeout)
 
 
 def _positive_seconds(name: str, value: float) -> float:

@@ -36,6 +36,15 @@ MUST_BE_DENIED = (
     ".config/op/config", ".codex/auth.json", ".claude/.credentials.json", ".gemini/oauth_creds.json",
     ".config/github-copilot/hosts.json", ".ssh/id_ed25519", ".bash_history",
     ".local/share/fish/fish_history", ".psql_history", ".mysql_history",
+    # found by a review after the first list
+    ".local/share/python_keyring/keyring_pass.cfg", ".pki/nssdb/key4.db", ".globus/userkey.pem",
+    ".config/kaggle/kaggle.json", ".config/gspread/service_account.json",
+    ".streamlit/secrets.toml", ".mc/config.json", ".cloudflared/cert.pem",
+    ".config/configstore/firebase-tools.json", ".continuum/anaconda-client/tokens/t",
+    ".config/io.datasette.llm/keys.json", ".config/stripe/config.toml", ".sentryclirc",
+    ".comet.config", "clearml.conf", ".config/dvc/config", ".local/share/opencode/auth.json",
+    ".continue/config.json", ".Xauthority", ".ICEauthority", ".duckdb_history",
+    ".local/share/atuin/history.db", ".viminfo",
 )
 
 

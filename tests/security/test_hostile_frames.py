@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -65,6 +66,9 @@ def _encode(frame: dict[str, Any]) -> bytes:
 def _feed(pieces: list[bytes]) -> list[str]:
     """Feed `pieces` to a channel as the pump would; what it reported as malformed."""
     parent, child = socket.socketpair()
+    crashed: list[BaseException] = []  # the channel's worker thread must not raise either
+    previous_hook = threading.excepthook
+    threading.excepthook = lambda args: crashed.append(args.exc_value)
     broken: list[str] = []
     usage: list[tuple[int, float]] = []
     channel = ControlChannel(parent, None, on_usage=lambda t, c: usage.append((t, c)),
@@ -77,6 +81,8 @@ def _feed(pieces: list[bytes]) -> list[str]:
         channel.close()
         parent.close()
         child.close()
+        threading.excepthook = previous_hook
+    assert crashed == []
     for tokens, cost in usage:  # what reached the monitor is in range
         assert isinstance(tokens, int) and tokens >= 0 and cost >= 0 and cost == cost
     return broken

@@ -186,7 +186,10 @@ def python_write_set() -> list[str]:
 HOME_CREDENTIAL_PATHS = (
     # keys and agents
     ".ssh", ".gnupg", ".password-store", ".local/share/keyrings", ".local/share/kwalletd",
-    ".config/op", ".config/Bitwarden CLI", ".config/age", ".config/sops",
+    ".local/share/python_keyring", ".pki", ".globus", ".config/op", ".config/Bitwarden CLI",
+    ".config/age", ".config/sops",
+    # the X session's and the desktop session's cookies
+    ".Xauthority", ".ICEauthority",
     # Jupyter and IPython: the history of every cell a kernel ran (keys typed into it
     # included), kernels' connection keys, the secret that signs trusted notebooks
     ".ipython", ".jupyter", ".local/share/jupyter",
@@ -196,7 +199,8 @@ HOME_CREDENTIAL_PATHS = (
     ".databrickscfg", ".snowflake", ".kube", ".minikube", ".docker", ".config/containers",
     ".config/helm", ".terraform.d", ".terraformrc", ".pulumi", ".fly", ".config/netlify",
     ".vault-token", ".config/rclone", ".s3cfg", ".boto", ".config/ngrok", ".ngrok2",
-    ".config/tailscale", ".kaggle",
+    ".config/tailscale", ".kaggle", ".config/kaggle", ".mc", ".cloudflared",
+    ".config/configstore", ".config/stripe", ".sentryclirc", ".config/dvc", ".continuum",
     # code hosts and git
     ".netrc", ".authinfo", ".authinfo.gpg", ".git-credentials", ".config/git/credentials",
     ".config/gh", ".config/hub", ".config/glab-cli",
@@ -208,7 +212,8 @@ HOME_CREDENTIAL_PATHS = (
     # model hubs and AI assistants' logins
     ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface",
     ".codex", ".claude", ".claude.json", ".gemini", ".config/github-copilot",
-    ".config/wandb", ".config/openai",
+    ".config/wandb", ".config/openai", ".config/io.datasette.llm", ".local/share/opencode",
+    ".continue", ".comet.config", "clearml.conf", ".config/gspread", ".streamlit/secrets.toml",
     # databases
     ".pgpass", ".my.cnf", ".mylogin.cnf",
     # browsers and mail (cookies, saved passwords)
@@ -219,7 +224,8 @@ HOME_CREDENTIAL_PATHS = (
     ".bash_history", ".zsh_history", ".zhistory", ".histfile", ".sh_history",
     ".local/share/fish/fish_history", ".python_history", ".node_repl_history",
     ".psql_history", ".mysql_history", ".sqlite_history", ".rediscli_history",
-    ".irb_history", ".Rhistory", ".julia/logs",
+    ".irb_history", ".Rhistory", ".julia/logs", ".duckdb_history", ".local/share/atuin",
+    ".viminfo",
 )
 # Outside the homes: orchestrators' mounted secrets and sockets, and the Jupyter kernel's own keys.
 SYSTEM_CREDENTIAL_PATHS = (
