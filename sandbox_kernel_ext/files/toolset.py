@@ -773,6 +773,7 @@ class FileSystemToolset:
                     entries = ((where.rel + (n,), i) for n, i in listing)
                 # Matched relative to `top`, with the root name when listing every root.
                 skip = len(top.parts) - len(where.prefix)
+                head = str(base.at(())).rstrip("/") + "/"  # 'data/' (or '/' for a single root)
                 with closing(entries):
                     for count, (rel, info) in enumerate(entries, start=1):
                         if count % CHECK_EVERY == 0:
@@ -783,7 +784,7 @@ class FileSystemToolset:
                         shown = "/".join((base.root, *full) if top.is_top else rel[skip:])
                         if not matcher(shown) or (config.suffixes is not None and not Sandbox.suffix_allowed(rel[-1], config)):
                             continue
-                        found.append(str(base.at(full)))
+                        found.append(head + "/".join(full))
                         if len(found) > limit:
                             raise _too_many(f"More than {limit:,} files match '{pattern}' under '{top}'; "
                                             "use a narrower path or pattern.", len(found), limit)
