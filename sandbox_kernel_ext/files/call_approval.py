@@ -9,9 +9,11 @@ let through is not asked about a second time by the toolset's own broker: `needs
 leaves a ticket for exactly that call (tool name and arguments, in the caller's context), and
 the call that follows takes it.
 
-A ticket is good for one call, the very next one this toolset makes in the same asyncio task
-(or thread), with the same tool and arguments; any other call first, or a new
-`needs_approval`, voids it, in every copy of the context (tasks and worker threads copy it).
+A ticket is good for one tool call (`call`, or the PydanticAI `call_tool`), the very next one
+this toolset is given in the same asyncio task (or thread), with the same tool and arguments;
+any other tool call first, or a new `needs_approval`, voids it, in every copy of the context
+(tasks and worker threads copy it). Direct method calls (`write`, `read`...) neither take
+nor void it: they ask the broker as always.
 
 Limit, stated: the ticket says "the wrapper asked" only because the wrapper's protocol calls
 `needs_approval` and then, if the person approved, the tool. Trusted code that calls
