@@ -13,6 +13,7 @@ is what makes Landlock and seccomp cover the whole child.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -33,10 +34,12 @@ from ..linux.namespaces import (
     MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
+    bind_mount,
     drop_capabilities,
     drop_identity,
     enter_namespaces,
     mount,
+    set_mount_readonly,
 )
 from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, read_to_end
 
@@ -155,6 +158,27 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
 _MAX_FD = 1 << 30  # closerange() clamps to the real table size
 
 
+def view_host_read_only(write_paths: list[str]) -> None:
+    """In the child's own mount namespace, every mount of the host read-only except the
+    folders (and files) it may write, each bound on itself read-write: a change of metadata
+    (`chmod`, `utime`, xattrs, which Landlock does not cover) anywhere else fails with EROFS,
+    whoever owns the file. Devices (`/dev/null`) need no bind: they are written through a
+    read-only mount. Where Linux has no mount_setattr (before 5.12) the view stays as it was
+    and the isolation report says so; any other failure stops the child."""
+    writable = [p for p in write_paths
+                if os.path.isdir(p) or os.path.isfile(p)]  # follows nothing: paths are real
+    for path in writable:
+        bind_mount(path)
+    try:
+        set_mount_readonly("/", True, recursive=True)
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            return
+        raise
+    for path in writable:
+        set_mount_readonly(path, False, recursive=False)
+
+
 def _confine_and_run(
     plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
     *, drop_root: bool,
@@ -162,6 +186,11 @@ def _confine_and_run(
     private_shm = False
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
+    except OSError:
+        pass  # no mount namespace here: nothing below can be mounted either
+    else:
+        view_host_read_only(plan.write_paths)
+    try:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               f"size={SHM_SIZE_MB}m,mode=1777")

@@ -15,7 +15,9 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "drop_capabilities", "drop_identity", "enter_namespaces", "userns_usable",
+    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_capabilities",
+    "drop_identity",
+    "enter_namespaces", "userns_usable",
 ]
 
 # Namespace flags of clone(2) and unshare(2).
@@ -30,7 +32,12 @@ CLONE_NAMESPACE_FLAGS = (
     CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
     | CLONE_NEWNET
 )
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 0x1000, 0x4000, 1 << 18
+# mount_setattr(2), Linux 5.12: the same number on x86_64 and aarch64.
+SYS_MOUNT_SETATTR = 442
+MOUNT_ATTR_RDONLY = 0x1
+AT_RECURSIVE = 0x8000
+AT_FDCWD = -100
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -60,6 +67,41 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int,
           data: str | None = None) -> None:
     enc = (lambda s: None if s is None else s.encode())
     _call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def set_mount_readonly(path: str, readonly: bool, *, recursive: bool) -> None:
+    """Make the mount at `path` (and every mount below it, with `recursive`) read-only, or
+    writable again, in this mount namespace only."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else MOUNT_ATTR_RDONLY,
+                      0, 0)
+    lib = libc()
+    if lib is None:
+        raise OSError(errno.ENOSYS, "mount_setattr is not available on this platform")
+    checked(lib.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD),
+                        path.encode(), ctypes.c_uint(AT_RECURSIVE if recursive else 0),
+                        ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))))
+
+
+def mount_setattr_available() -> bool:
+    """Whether this Linux has mount_setattr (5.12 and later): asked with arguments it must
+    refuse (EBADF or EINVAL means it is there, ENOSYS that it is not)."""
+    lib = libc()
+    if lib is None:
+        return False
+    result = lib.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(-1), b"",
+                         ctypes.c_uint(0), None, ctypes.c_size_t(0))
+    return result == 0 or ctypes.get_errno() != errno.ENOSYS
+
+
+def bind_mount(path: str) -> None:
+    """Mount `path` on itself (with what is mounted below it): a mount of its own, whose
+    flags can then differ from the mount that holds it."""
+    mount(path, path, None, MS_BIND | MS_REC)
 
 
 def drop_capabilities() -> None:

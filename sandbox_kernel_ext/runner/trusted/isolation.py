@@ -29,6 +29,16 @@ def _userns() -> bool:
     return userns_usable()
 
 
+@functools.lru_cache(maxsize=1)
+def _read_only_view() -> bool:
+    """Whether a child's mount namespace can show it the host read-only."""
+    if not sys.platform.startswith("linux") or not (_userns() or os.geteuid() == 0):
+        return False
+    from ..linux.namespaces import mount_setattr_available
+
+    return mount_setattr_available()
+
+
 def network_namespaces() -> bool:
     """Whether a child can get its own network namespace (root, or user namespaces allowed):
     the egress proxy needs one, and without it a sandbox gets no network at all."""
@@ -48,6 +58,8 @@ def isolation_report() -> dict[str, Any]:
         "user_namespace": _userns(),
         "pid_namespace": linux and (_userns() or os.geteuid() == 0),
         "network_namespace": linux and (_userns() or os.geteuid() == 0),
+        # Outside its writable roots the child sees the host read-only (no metadata changes).
+        "read_only_host_view": _read_only_view(),
         "rlimits": os.name == "posix",
         "process_tree_monitor": True,
     }
@@ -85,7 +97,11 @@ def missing_layers() -> list[str]:
     if seccomp.supported_arch() is None:
         missing.append(f"seccomp (no syscall table for {platform.machine()})")
     if not _userns() and os.geteuid() != 0:
-        missing.append("namespaces (user namespaces are refused: no PID or network namespace)")
+        missing.append("namespaces (user namespaces are refused: no PID or network namespace, "
+                       "no read-only view of the host)")
+    elif not _read_only_view():
+        missing.append("read-only view of the host (no mount_setattr before Linux 5.12): a child "
+                       "can change the metadata of files its uid owns outside its roots")
     return missing
 
 
