@@ -9,7 +9,9 @@ ABBA order so that noise hits both alike):
    shim is timed): time from the call to the first byte read from its stdout pipe, and to
    the end of `communicate()` (what `subprocess.run(..., capture_output=True)` does).
 2. `SandboxManager.execute(sid, ["/bin/true"])` to completion against
-   `subprocess.run(["/bin/true"])`; and `run_python(..., "print(1)")` in a sandbox with egress
+   `subprocess.run(["/bin/true"])`; where bubblewrap is installed, `execute` of `/bin/true`
+   and of `python -I -S -c 'print(1)'` against `bwrap --ro-bind / / --dev /dev --proc /proc
+   --unshare-all` running the same; and `run_python(..., "print(1)")` in a sandbox with egress
    rules (its child makes a listener for the kernel's proxy) against one without.
 3. CPU overhead of a `ResourceMonitor(ResourceLimits(), interval=0.25)` watching a
    sleeping `sleep 30` child: this process's CPU time (`time.process_time()`) over a
@@ -39,6 +41,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -273,6 +276,48 @@ def bench_true(m: SandboxManager, sid: str, n: int) -> tuple[list[dict], dict]:
     return rows, detail
 
 
+# ---------------------------------------------------- 2b. against bubblewrap, if installed
+BWRAP_ARGS = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
+              "--die-with-parent", "--new-session"]
+
+
+def bench_bwrap(m: SandboxManager, sid: str, n: int) -> tuple[list[dict], dict]:
+    """Ours against bubblewrap (Debian's `bwrap`), the confinement peers build on: the host
+    bound read-only, every namespace new. Whole calls, output captured on both sides."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return [], {"bubblewrap": "not installed: rows left out"}
+    commands = {
+        "/bin/true": ["/bin/true"],
+        "python print(1) as a command": [PYTHON, "-I", "-S", "-c", "print(1)"],
+    }
+    rows, detail = [], {"bubblewrap": subprocess.run([bwrap, "--version"], capture_output=True,
+                                                     text=True).stdout.strip()}
+    for label, argv in commands.items():
+        ours: list[int] = []
+        base: list[int] = []
+
+        def candidate(argv: list[str] = argv, ours: list[int] = ours) -> None:
+            t0 = now()
+            r = m.execute(sid, argv, timeout=30.0)
+            ours.append(now() - t0)
+            if r.exit_code != 0 or r.killed:
+                raise RuntimeError(f"sandboxed {argv} failed: {r!r}")
+
+        def baseline(argv: list[str] = argv, base: list[int] = base) -> None:
+            t0 = now()
+            subprocess.run([bwrap, *BWRAP_ARGS, *argv], check=True, capture_output=True)
+            base.append(now() - t0)
+
+        interleave(candidate, baseline, rounds=n, warmup=2)
+        c, b = statistics.median(ours), statistics.median(base)
+        rows.append(row(f"{label}: execute vs bubblewrap", c, b, "no slower than bubblewrap",
+                        c <= b, n))
+        detail[label] = {"ours_ms": spread([x / 1e6 for x in ours]),
+                         "bwrap_ms": spread([x / 1e6 for x in base])}
+    return rows, detail
+
+
 def bench_egress_start(m: SandboxManager, sid: str, n: int) -> tuple[list[dict], dict]:
     """What egress rules add to a run: the child's listener in its own network namespace,
     handed to the kernel's proxy (baseline: the same cell in a sandbox without rules)."""
@@ -503,6 +548,8 @@ def main() -> int:
         rows, detail = bench_print(m, sid, helpers, args.runs)
         true_rows, true_detail = bench_true(m, sid, args.runs)
         rows += true_rows
+        bwrap_rows, bwrap_detail = bench_bwrap(m, sid, args.runs)
+        rows += bwrap_rows
         egress_rows, egress_detail = bench_egress_start(m, sid, args.runs)
         rows += egress_rows
         launcher_pid = m.launcher_pid
@@ -524,7 +571,8 @@ def main() -> int:
         "missing_layers": missing_layers(),
         "launcher_pid": launcher_pid,
         "rows": rows,
-        "detail": {"print": detail, "true": true_detail, "egress_start": egress_detail,
+        "detail": {"print": detail, "true": true_detail, "bubblewrap": bwrap_detail,
+                   "egress_start": egress_detail,
                    "monitor": mon_detail, "kill": kill_detail},
         "runtime_s": round(time.monotonic() - started, 1),
     }
