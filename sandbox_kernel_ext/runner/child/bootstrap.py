@@ -38,7 +38,6 @@ from ..linux.namespaces import (
     drop_capabilities,
     drop_identity,
     enter_namespaces,
-    idmapped_bind_mount,
     mount,
     set_mount_readonly,
 )
@@ -110,11 +109,10 @@ def _hand_over_listener(plan: ChildPlan, fds: dict[str, int]) -> None:
 
 def run_setup_fork(
     plan: ChildPlan, fds: dict[str, int], status_w: int, use_userns: bool,
-    rules: landlock.LandlockRuleset | None, owner_map: int | None = None,
+    rules: landlock.LandlockRuleset | None,
 ) -> None:
     """The setup fork: namespaces, then the confined child's fork; its pid (or the error) goes
-    to the launcher on `status_w`. `rules` are the plan's prepared Landlock rules;
-    `owner_map` (a root launcher's) maps root to the child's uid on root-owned writable roots."""
+    to the launcher on `status_w`. `rules` are the plan's prepared Landlock rules."""
     root_without_userns = os.geteuid() == 0 and not use_userns
     if os.geteuid() == 0 and use_userns and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
@@ -126,8 +124,7 @@ def run_setup_fork(
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
     if pid == 0:
         try:
-            _confine_and_run(plan, fds, status_w, rules, drop_root=root_without_userns,
-                             owner_map=owner_map)
+            _confine_and_run(plan, fds, status_w, rules, drop_root=root_without_userns)
         except BaseException as exc:  # noqa: BLE001
             # The status pipe sits at STATUS_FD once the descriptors are installed.
             message = f"error confine: {type(exc).__name__}: {exc}"
@@ -161,29 +158,17 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
 _MAX_FD = 1 << 30  # closerange() clamps to the real table size
 
 
-def view_host_read_only(write_paths: list[str], owner_map: int | None = None) -> None:
+def view_host_read_only(write_paths: list[str]) -> None:
     """In the child's own mount namespace, every mount of the host read-only except the
     folders (and files) it may write, each bound on itself read-write: a change of metadata
     (`chmod`, `utime`, xattrs, which Landlock does not cover) anywhere else fails with EROFS,
     whoever owns the file. Devices (`/dev/null`) need no bind: they are written through a
     read-only mount. Where Linux has no mount_setattr (before 5.12) the view stays as it was
-    and the isolation report says so; any other failure stops the child.
-
-    With `owner_map` (a root kernel, whose children run as another uid), a writable root that
-    root owns is bound through that mapping: the child owns it, and what it creates there
-    belongs to root on the host, as if the kernel's user had made it."""
+    and the isolation report says so; any other failure stops the child."""
     writable = [p for p in write_paths
                 if os.path.isdir(p) or os.path.isfile(p)]  # follows nothing: paths are real
     for path in writable:
-        if owner_map is not None and os.stat(path).st_uid == 0:
-            try:
-                idmapped_bind_mount(path, owner_map)
-            except OSError as exc:
-                raise OSError(exc.errno, f"cannot show {path} to the sandbox's user as its own "
-                              f"({exc.strerror}; its filesystem may not support idmapped "
-                              "mounts): make it writable by that user instead") from None
-        else:
-            bind_mount(path)
+        bind_mount(path)
     try:
         set_mount_readonly("/", True, recursive=True)
     except OSError as exc:
@@ -196,7 +181,7 @@ def view_host_read_only(write_paths: list[str], owner_map: int | None = None) ->
 
 def _confine_and_run(
     plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
-    *, drop_root: bool, owner_map: int | None = None,
+    *, drop_root: bool,
 ) -> None:
     private_shm = False
     try:
@@ -204,7 +189,7 @@ def _confine_and_run(
     except OSError:
         pass  # no mount namespace here: nothing below can be mounted either
     else:
-        view_host_read_only(plan.write_paths, owner_map if drop_root else None)
+        view_host_read_only(plan.write_paths)
     try:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
@@ -212,6 +197,8 @@ def _confine_and_run(
         private_shm = True
     except OSError:
         pass  # the host's /proc stays (the isolation report says so), and no /dev/shm
+    if drop_root and plan.uid is not None:
+        drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
     # The environment and the command line came on memfds, never through the launcher's memory.
     if "env" in fds:
@@ -219,9 +206,7 @@ def _confine_and_run(
     if "argv" in fds:
         plan.argv = json.loads(read_to_end(fds.pop("argv")))
     if "egress" in fds:
-        _hand_over_listener(plan, fds)  # brings loopback up: needs root's CAP_NET_ADMIN
-    if drop_root and plan.uid is not None:
-        drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
+        _hand_over_listener(plan, fds)
     ruleset_fd = None
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.

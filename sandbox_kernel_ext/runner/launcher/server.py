@@ -29,7 +29,7 @@ from typing import Any
 
 from ..child.bootstrap import report, run_setup_fork
 from ..linux import landlock
-from ..linux.namespaces import mapping_user_namespace, userns_usable
+from ..linux.namespaces import userns_usable
 from ..linux.syscalls import prctl
 from ..wire import ChildPlan, read_to_end, receive_message, send_message
 from .rulesets import RulesetCache
@@ -39,7 +39,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def spawn(
     plan: ChildPlan, fds: dict[str, int], *, use_userns: bool,
-    rules: landlock.LandlockRuleset | None, owner_map: int | None = None,
+    rules: landlock.LandlockRuleset | None,
 ) -> tuple[int, str | None]:
     """Fork the confined child; return (its host pid, or 0, and the setup error if any).
 
@@ -52,7 +52,7 @@ def spawn(
     if setup_pid == 0:
         try:
             os.close(status_r)
-            run_setup_fork(plan, fds, status_w, use_userns, rules, owner_map)
+            run_setup_fork(plan, fds, status_w, use_userns, rules)
         except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
             report(status_w, f"error setup: {type(exc).__name__}: {exc}")
         os._exit(0)
@@ -78,10 +78,7 @@ class Launcher:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.rulesets = RulesetCache()
-        # Root needs no user namespace to make the others, and mounts only real root may make
-        # (an idmapped writable root) must come before the child drops to its uid.
-        self.use_userns = os.geteuid() != 0 and userns_usable()
-        self.owner_maps: dict[int, int | None] = {}  # child uid -> user namespace mapping root
+        self.use_userns = userns_usable()
         # Without a user namespace only root can make the others (PID one included).
         self.pid_namespaces = self.use_userns or os.geteuid() == 0
         self.live: dict[int, int] = {}  # child pid -> request id
@@ -175,18 +172,6 @@ class Launcher:
         os.close(pidfd)
         return True
 
-    def _owner_map(self, plan: ChildPlan) -> int | None:
-        """For a root launcher: a user namespace mapping root to the plan's uid (made once per
-        uid), through which root-owned writable roots are shown to the child; None otherwise."""
-        if os.geteuid() != 0 or plan.uid is None or plan.uid == 0:
-            return None
-        if plan.uid not in self.owner_maps:
-            try:
-                self.owner_maps[plan.uid] = mapping_user_namespace(0, plan.uid)
-            except OSError:
-                self.owner_maps[plan.uid] = None  # root-owned roots then need DAC write access
-        return self.owner_maps[plan.uid]
-
     def _forget(self, data: bytes) -> bool:
         """Release the prepared rules a "forget" message names; False for any other message."""
         try:
@@ -210,7 +195,7 @@ class Launcher:
                 raise ValueError("descriptor count does not match")
             plan = ChildPlan.from_json(request["plan"])
             pid, error = spawn(plan, dict(zip(names, fds)), use_userns=self.use_userns,
-                               rules=self.rulesets.get(plan), owner_map=self._owner_map(plan))
+                               rules=self.rulesets.get(plan))
             return request_id, pid, error
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
             return request_id, 0, f"{type(exc).__name__}: {exc}"

@@ -15,8 +15,8 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "bind_mount", "idmapped_bind_mount", "mapping_user_namespace", "set_mount_readonly",
-    "mount_setattr_available", "drop_capabilities", "drop_identity",
+    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_capabilities",
+    "drop_identity",
     "enter_namespaces", "userns_usable",
 ]
 
@@ -33,14 +33,10 @@ CLONE_NAMESPACE_FLAGS = (
     | CLONE_NEWNET
 )
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 0x1000, 0x4000, 1 << 18
-# The new mount API (Linux 5.2; mount_setattr 5.12): the same numbers on x86_64 and aarch64.
-SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
-OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
+# mount_setattr(2), Linux 5.12: the same number on x86_64 and aarch64.
+SYS_MOUNT_SETATTR = 442
 MOUNT_ATTR_RDONLY = 0x1
-MOUNT_ATTR_IDMAP = 0x100000
 AT_RECURSIVE = 0x8000
-AT_EMPTY_PATH = 0x1000
 AT_FDCWD = -100
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -100,60 +96,6 @@ def mount_setattr_available() -> bool:
     result = lib.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(-1), b"",
                          ctypes.c_uint(0), None, ctypes.c_size_t(0))
     return result == 0 or ctypes.get_errno() != errno.ENOSYS
-
-
-def _syscall(number: int, *args: object) -> int:
-    lib = libc()
-    if lib is None:
-        raise OSError(errno.ENOSYS, "this platform has no syscall()")
-    return checked(lib.syscall(ctypes.c_long(number), *args))
-
-
-def idmapped_bind_mount(path: str, userns_fd: int) -> None:
-    """Mount `path` on itself with its owners seen through `userns_fd`'s mapping (an
-    idmapped mount): with `0 65534 1`, root's files show as uid 65534's, and what uid 65534
-    creates is stored as root's. Needs CAP_SYS_ADMIN where the filesystem was mounted (real
-    root) and a filesystem that supports it (ext4, xfs, btrfs, tmpfs from 6.3...)."""
-    tree = _syscall(SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), path.encode(),
-                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC))
-    try:
-        attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
-        _syscall(SYS_MOUNT_SETATTR, ctypes.c_int(tree), b"", ctypes.c_uint(AT_EMPTY_PATH),
-                 ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
-        _syscall(SYS_MOVE_MOUNT, ctypes.c_int(tree), b"", ctypes.c_int(AT_FDCWD), path.encode(),
-                 ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH))
-    finally:
-        os.close(tree)
-
-
-def mapping_user_namespace(inside: int, outside: int) -> int:
-    """A descriptor of a new user namespace whose id `inside` is `outside` on the host (and
-    nothing else mapped): the mapping an idmapped mount applies. Made in a throwaway fork."""
-    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    done_r, done_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(ready_r)
-            os.close(done_w)  # so that the parent's close is our end of file
-            unshare(CLONE_NEWUSER)
-            os.write(ready_w, b"1")
-            os.read(done_r, 1)
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    os.close(done_r)
-    try:
-        if os.read(ready_r, 1) != b"1":
-            raise OSError(errno.EPERM, "could not make a user namespace for an idmapped mount")
-        _write(f"/proc/{pid}/uid_map", f"{inside} {outside} 1")
-        _write(f"/proc/{pid}/setgroups", "deny")
-        _write(f"/proc/{pid}/gid_map", f"{inside} {outside} 1")
-        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        os.close(ready_r)
-        os.close(done_w)
-        os.waitpid(pid, 0)
 
 
 def bind_mount(path: str) -> None:

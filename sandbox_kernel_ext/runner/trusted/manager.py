@@ -81,8 +81,7 @@ class SandboxManager:
     """Create, run and destroy sandboxes whose children the operating system confines.
 
     `child_uid`: the unprivileged uid a child drops to when this process runs as root
-    (default 65534, "nobody"); its writable folders must be root's (the child sees them as its
-    own) or writable by that uid.
+    (default 65534, "nobody"); its writable folders must be writable by that uid.
     `monitor_interval`: seconds between samples of the process tree (default 0.25; read at
     each run, so it may be changed between runs).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
@@ -155,14 +154,12 @@ class SandboxManager:
         return sandbox_id
 
     def _check_writable(self, writable: list[str]) -> None:
-        """As root the child is another uid: say so now, not as an EACCES in the cell. A
-        folder root owns is fine: the child sees it as its own (an idmapped mount), and what
-        it creates there belongs to root."""
+        """As root the child is another uid: say so now, not as an EACCES in the cell."""
         if self.child_uid is None:
             return
         for path in writable:
             info = os.stat(path)
-            if info.st_uid not in (self.child_uid, 0) and not info.st_mode & 0o002:
+            if info.st_uid != self.child_uid and not info.st_mode & 0o002:
                 raise SandboxError(
                     f"writable path {path} is not writable by uid {self.child_uid}, the "
                     "unprivileged user sandboxed children run as when this process runs as root; "
