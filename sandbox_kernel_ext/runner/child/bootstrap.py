@@ -126,16 +126,22 @@ def run_setup_fork(
         try:
             _confine_and_run(plan, fds, status_w, rules, drop_root=root_without_userns)
         except BaseException as exc:  # noqa: BLE001
-            # The status pipe sits at STATUS_FD once the descriptors are installed.
+            # The status pipe sits at STATUS_FD once the descriptors are installed; before
+            # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
             message = f"error confine: {type(exc).__name__}: {exc}"
-            if not report(STATUS_FD, message) and not report(status_w, message):
+            status = STATUS_FD if _fds_installed else status_w
+            if not report(status, message):
                 report(2, f"[sandbox] the child failed after confinement: {message[15:]}")
         os._exit(127)
     report(status_w, f"pid {pid}")
 
 
+_fds_installed = False  # in the confined child: whether STATUS_FD is the status pipe yet
+
+
 def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> int:
     """Move the child's descriptors to fixed numbers and close everything else."""
+    global _fds_installed
     wanted = {0: fds["stdin"], 1: fds["stdout"], 2: fds["stderr"]}
     if "control" in fds:
         wanted[CONTROL_FD] = fds["control"]
@@ -152,6 +158,7 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
     for low, high in zip([-1, *edges], [*edges, _MAX_FD]):
         if high > low + 1:  # never an empty range: closerange(n, n) would close everything
             os.closerange(low + 1, high)
+    _fds_installed = True
     return STATUS_FD
 
 

@@ -105,6 +105,7 @@ ARCHES: dict[str, _Arch] = {
         "seccomp": 317, "ioctl": 16, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
         "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301,
         "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68,
+        "semget": 64, "vmsplice": 278,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -119,6 +120,7 @@ ARCHES: dict[str, _Arch] = {
         "seccomp": 277, "ioctl": 29, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
         "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "msgget": 186,
+        "semget": 190, "vmsplice": 75,
     }),
 }
 _MACHINE_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -247,6 +249,10 @@ _MEMORY_OUTSIDE_THE_BUDGET = (
     ("shmget", "System V shared memory outlives every mapping of it"),
     ("shmat", "attaching System V shared memory (the host's too, without an IPC namespace)"),
     ("msgget", "a System V message queue holds kernel memory until it is removed"),
+    ("semget", "System V semaphore sets: gigabytes of kernel memory in one namespace "
+               "(multiprocessing's semaphores are POSIX ones, in the private /dev/shm)"),
+    ("vmsplice", "a page spliced into a pipe keeps its whole page (a 2 MB huge page too) "
+                 "alive after munmap, in no resident set; programs fall back to write"),
 )
 
 

@@ -79,10 +79,9 @@ class Plumbing:
         try:
             plumbing.stdout, plumbing.child_ends["stdout"] = os.pipe2(os.O_CLOEXEC)
             plumbing.stderr, plumbing.child_ends["stderr"] = os.pipe2(os.O_CLOEXEC)
-            plumbing.child_ends["stdin"] = (
-                memfd("sandbox-stdin", stdin) if stdin
-                else os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            )
+            # Empty input is an empty memfd, not the host's /dev/null: a descriptor handed in
+            # is not behind the child's read-only view, and futimens(0) would touch the host's.
+            plumbing.child_ends["stdin"] = memfd("sandbox-stdin", stdin or b"")
             if payload is not None:
                 plumbing.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 plumbing.child_ends["control"] = child_end.detach()
