@@ -170,10 +170,11 @@ def view_host_read_only(write_paths: list[str]) -> None:
     folders (and files) it may write, each bound on itself read-write: a change of metadata
     (`chmod`, `utime`, xattrs, which Landlock does not cover) anywhere else fails with EROFS,
     whoever owns the file. Devices (`/dev/null`) need no bind: they are written through a
-    read-only mount. Where Linux has no mount_setattr (before 5.12) the view stays as it was
-    and the isolation report says so; any other failure stops the child."""
-    writable = [p for p in write_paths
-                if os.path.isdir(p) or os.path.isfile(p)]  # follows nothing: paths are real
+    read-only mount. A mount inside a writable root stays read-only. Where Linux has no
+    mount_setattr (before 5.12) the view stays as it was and the isolation report says so;
+    any other failure stops the child."""
+    # The paths were resolved and pinned on the trusted side when the sandbox was made.
+    writable = [p for p in write_paths if os.path.isdir(p) or os.path.isfile(p)]
     for path in writable:
         bind_mount(path)
     try:
