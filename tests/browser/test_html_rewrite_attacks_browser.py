@@ -30,16 +30,16 @@ import http.server
 import threading
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import nbformat
 import pytest
+from browser_waits import wait_for
 
 from sandbox_kernel_ext.runner.trusted.display import isolated_html
 
-WAIT_S = 60.0
 SETTLE_S = 2.5  # after frames loaded: time for an async effect (a refresh, a late fetch)
 SETUP = "%load_ext sandbox_kernel_ext\n%config SandboxMagics.policy = ''"
 GIF = "data:image/gif;base64,R0lGODlhAQABAIAAAP///wAAACH5BAEAAAAALAAAAAABAAEAAAICRAEAOw=="
@@ -101,17 +101,6 @@ def hits(seen: list[str], layer: str) -> dict[str, list[str]]:
 
 
 # -- a notebook opened once per module (the conftest's `open_notebook` is per test) ----------
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-
 
 @dataclass
 class Run:
