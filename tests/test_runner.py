@@ -1,10 +1,10 @@
 """SandboxManager, run_python, sandbox-run and the launcher, driven for real (no mocks).
 
-The confined child runs as uid 65534 when the tests run as root, so every folder handed to
-a sandbox is made under /tmp with modes that uid can use.
+The confined child keeps the tests' uid (root's, when they run as root, in a user namespace
+with no capability); folders handed to a sandbox are made under /tmp, open to every uid, so
+the tests also hold for a manager whose children run as 65534.
 
-Other sandboxes (another engineer's tests, a notebook) may run as uid 65534 on this host at the
-same time, so "nothing is left running" counts only the processes the test itself started; see
+Other sandboxes (another engineer's tests, a notebook) may run on this host at the same time, so "nothing is left running" counts only the processes the test itself started; see
 `leftovers.py`."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:
     return CapabilityDeclaration(filesystem_config=fs, resource_limits=ResourceLimits(**limits))
 
 
-# The sandbox's uid: children drop to 65534 when the tests run as root, else keep ours.
-SANDBOX_UID = 65534 if os.geteuid() == 0 else os.getuid()
+# The sandbox's uid: ours, root's included (see `default_child_uid`).
+SANDBOX_UID = os.getuid()
 # Set in the environment of what a test starts (`env=` of a run, or of a subprocess), so that
 # its processes are known as ours even after they leave our process tree.
 MARKER_NAME = "SBX_RUNNER_SUITE"
@@ -183,11 +183,15 @@ def test_errors_name_the_problem(manager: SandboxManager, shared_dir: Path) -> N
     assert manager.status(sid) is SandboxStatus.created
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops the child to another uid")
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's children have a uid check")
 def test_root_refuses_a_writable_root_the_child_cannot_write(manager: SandboxManager, shared_dir: Path) -> None:
+    """The child is root with no capability: another user's 0755 folder is not its to write."""
+    os.chown(shared_dir, 65534, 65534)
     os.chmod(shared_dir, 0o755)
-    with pytest.raises(SandboxError, match="not writable by uid 65534"):
+    with pytest.raises(SandboxError, match="not writable by uid 0"):
         manager.create_sandbox(_policy(shared_dir))
+    with SandboxManager(child_uid=65534) as as_nobody:  # the fallback identity may write it
+        as_nobody.destroy(as_nobody.create_sandbox(_policy(shared_dir)))
 
 
 def test_list_destroy_and_lifecycle() -> None:
@@ -324,8 +328,11 @@ def test_terminal_tool_runs_confined_and_refuses_blacklisted_words(shared_dir: P
 
     policy = _policy(shared_dir)
     with TerminalTool(timeout=5.0, policy=policy, cwd=str(shared_dir)) as terminal:
-        out = asyncio.run(terminal.execute(command="echo hi > note.txt; cat note.txt; cat /etc/shadow"))
-        assert out["stdout"] == "hi\n" and "Permission denied" in out["stderr"]
+        out = asyncio.run(terminal.execute(
+            command="echo hi > note.txt; cat note.txt; cat /etc/shadow; echo x > /etc/sbx-terminal"))
+        assert out["stdout"] == "hi\n", out  # /etc/shadow is hidden: nothing to print
+        assert "Read-only file system" in out["stderr"] or "Permission denied" in out["stderr"]
+        assert not os.path.exists("/etc/sbx-terminal")
         assert out["exit_code"] != 0 and out["platform"] == sys.platform
         assert (shared_dir / "note.txt").read_text() == "hi\n"
         # The sandbox's private home: every process the tool starts has HOME there.

@@ -18,7 +18,7 @@ import base64
 import json
 import os
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
@@ -60,6 +60,9 @@ class ChildPlan:
     gid: int | None
     # Where the egress proxy listens inside the child's network namespace (None: no network).
     proxy_port: int | None = None
+    # Paths the child covers with empty mounts before confining itself (those that exist then);
+    # a child that cannot mount refuses to run rather than read them.
+    hidden_paths: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.

@@ -362,8 +362,8 @@ time.sleep(60)
 
 def test_a_gated_root_is_out_of_the_kernels_rules_whatever_reads_it(gated, person, roots) -> None:
     """Found in review: under "read everywhere" (the default) Landlock granted the gated root,
-    so only the Python hook asked. Now the kernel's rules leave it out: cat and a raw libc
-    open get EACCES, and nobody is asked."""
+    so only the Python hook asked. Now the kernel's rules leave it out, or the child hides it
+    under an empty mount: cat and a raw libc open find nothing, and nobody is asked."""
     sid = gated.create_sandbox(_policy(roots))
     key = str(roots / "secret" / "key.txt")
     result = gated.run_python(sid, f"""
@@ -374,7 +374,8 @@ raw = "opened" if fd >= 0 else os.strerror(ctypes.get_errno())
 cat = subprocess.run(["cat", {key!r}], capture_output=True, text=True)
 shell = [cat.returncode, cat.stdout]
 """, outputs=["raw", "shell"])
-    assert result.variables == {"raw": "Permission denied", "shell": [1, ""]}, result.stderr
+    assert result.variables["raw"] in ("Permission denied", "No such file or directory"), result
+    assert result.variables["shell"] == [1, ""], result.stderr
     assert person.asked == []
 
 

@@ -1,7 +1,10 @@
 """A "read everywhere" sandbox reads none of the credential stores real tools keep in a home
 folder (issue 13, section 1): every entry of the built-in list is planted, world-readable, in
 a fresh home under /home, and a confined child tries to read it. The home's other files stay
-readable (the control that shows a denial is the list's doing, not the file's mode)."""
+readable (the control that shows a denial is the list's doing, not the file's mode).
+
+Where the child has a mount namespace, a denied folder is an empty tmpfs to it and a denied file
+is /dev/null (a read finds nothing); elsewhere Landlock refuses the open."""
 
 from __future__ import annotations
 
@@ -16,6 +19,11 @@ import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
 from sandbox_kernel_ext.runner.trusted.host_reads import HOME_CREDENTIAL_PATHS
+from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
+
+# What reading a denied path gives: hidden under a mount (an empty folder, an empty file), or
+# refused by Landlock's rules.
+DENIED_OUTCOMES = {"", "FileNotFoundError"} if hidden_by_mounts() else {"PermissionError"}
 
 # Named in the issue, or what a tool writes there: these must stay on the list.
 MUST_BE_DENIED = (
@@ -100,4 +108,28 @@ def test_every_credential_store_is_unreadable_when_reading_everywhere(
     assert seen.pop(control) == "public notes\n"
     leaked = {path: text for path, text in seen.items() if text.startswith("SECRET")}
     assert leaked == {}
-    assert set(seen.values()) == {"PermissionError"}
+    assert set(seen.values()) <= DENIED_OUTCOMES, set(seen.values())
+
+
+def test_a_store_planted_after_the_sandbox_was_made_is_hidden_too(
+    manager: SandboxManager, planted_home: Path
+) -> None:
+    """What a denied path holds is decided at each run's start, not when the sandbox was made."""
+    sid = manager.create_sandbox(CapabilityDeclaration(
+        filesystem_config=FilesystemConfig(mode="read_only", readable_paths=None)))
+    late = [planted_home / ".config" / "late-tool", planted_home / ".aws" / "late"]
+    try:
+        shutil.rmtree(planted_home / ".aws")
+        first = manager.run_python(sid, "print('warm')")
+        assert first.exit_code == 0, first.stderr
+        (planted_home / ".aws").mkdir()
+        for path in late:
+            path.write_text("SECRET late\n")
+            path.chmod(0o644)
+        result = manager.run_python(sid, f"paths = {[str(p) for p in late]!r}\n" + CODE)
+    finally:
+        manager.destroy(sid)
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen[str(late[0])] == "SECRET late\n"  # not a credential store: readable
+    assert seen[str(late[1])] in DENIED_OUTCOMES, seen

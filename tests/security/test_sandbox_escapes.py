@@ -1,21 +1,26 @@
 """Escape attempts against the whole `SandboxManager` stack, each in a real confined child.
 
 Every test runs one attack through `SandboxManager.run_python` or `.execute` (the launcher's
-fork, uid 65534, namespaces, rlimits, Landlock, seccomp) and asserts three things:
+fork, namespaces, rlimits, Landlock, seccomp) and asserts three things:
 
 1. the attempt failed inside the child (its own report, exit code, stdout/stderr or kill reason);
 2. nothing outside the writable roots changed: the `World` fixture snapshots every file outside
-   the writable root (content, mode, owner) plus /dev/shm and the uid-65534 entries of /tmp, and
-   the autouse `unharmed` fixture compares after each test;
+   the writable root (content, mode, owner) plus /dev/shm and the child uid's entries of /tmp,
+   and the autouse `unharmed` fixture compares after each test;
 3. the test process (the "kernel") and the launcher are unharmed: both alive, the test process
-   holds the same number of descriptors as before, and no uid-65534 process of ours survives.
+   holds the same number of descriptors as before, and no process of the child's uid and ours
+   survives.
+
+The whole module runs twice, once per identity a root kernel's child can have: root's own uid
+in a user namespace (the default) and 65534 (where user namespaces are refused).
 
 The targets are chosen so that plain file permissions would ALLOW each attack (world-readable
-canaries, world-writable folders, files owned by 65534): a failure means confinement stopped it.
+canaries, world-writable folders, files owned by the child's uid): a failure means confinement
+stopped it.
 
-Another engineer's uid-65534 processes may run on this host at the same time, so "no process of
-uid 65534 remains" is checked for OUR processes: descendants of this test process, and any
-uid-65534 process whose environment carries this module's marker or one of our sandbox homes.
+Another engineer's sandboxes may run on this host at the same time, so "no process remains" is
+checked for OUR processes: descendants of this test process (when the child's uid is not ours),
+and any process whose environment carries this module's marker or one of our sandbox homes.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ from sandbox_kernel_ext.runner.linux.landlock import landlock_abi
 from sandbox_kernel_ext.runner.trusted.manager import SandboxManager
 
 NOBODY = 65534
+# Both identities a root kernel's child can have: root's own (the default, in a user namespace
+# with no capability) and 65534 (the fallback where user namespaces are refused). The world's
+# files belong to the child's uid, so file permissions let it do every attack.
+IDENTITIES = {"kernel-uid": None, "uid-65534": NOBODY}
 ABI = landlock_abi()
 MARKER_NAME = "SBX_ESCAPE_SUITE"
 MARKER = f"escape-{uuid.uuid4().hex[:12]}"
@@ -63,7 +72,7 @@ ENV_SECRET = "s3cr3t"
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the child drops to uid 65534"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the world's files belong to other uids"),
     pytest.mark.skipif(ABI < 1, reason="no Landlock on this kernel: filesystem confinement absent"),
 ]
 needs_seccomp = pytest.mark.skipif(
@@ -122,17 +131,18 @@ class World:
     ro: Path  # readable root, world-writable folder so only Landlock keeps it read-only
     rw: Path  # writable root (0777)
     outside: Path  # not granted, 0755, world-readable canary
-    outside_w: Path  # not granted, 0777: file permissions would let 65534 write here
+    outside_w: Path  # not granted, 0777: file permissions would let the child write here
     canary: Path  # outside/canary.txt, root 0644
-    owned_outside: Path  # outside_w/owned.txt, owned by 65534 (so DAC allows link/rename)
-    ro_file: Path  # ro/data.txt, owned by 65534 0666 (DAC allows write/truncate/unlink)
+    owned_outside: Path  # outside_w/owned.txt, owned by the child's uid (DAC allows link/rename)
+    ro_file: Path  # ro/data.txt, the child uid's, 0666 (DAC allows write/truncate/unlink)
     ro_rootfile: Path  # ro/root.txt, root 0644 (chmod must fail)
+    uid: int  # the sandboxed child's
 
     def names(self) -> dict[str, str]:
         return {k: str(v) for k, v in self.__dict__.items()}
 
     def snapshot(self) -> dict[str, Any]:
-        """Every entry outside the writable root, plus /dev/shm and 65534's entries of /tmp."""
+        """Every entry outside the writable root, plus /dev/shm and the child uid's entries of /tmp."""
         state: dict[str, Any] = {}
         for folder, dirs, files in os.walk(self.base):
             if Path(folder) == self.rw:
@@ -151,23 +161,23 @@ class World:
                 state[path] = (stat.S_IMODE(info.st_mode), stat.S_IFMT(info.st_mode),
                                info.st_uid, info.st_gid, info.st_size, digest)
         state["/dev/shm"] = sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else None
-        state["/tmp:65534"] = sorted(_nobody_entries("/tmp"))
+        state[f"/tmp:{self.uid}"] = sorted(_entries_of(self.uid, "/tmp"))
         return state
 
 
-def _nobody_entries(folder: str) -> list[str]:
-    """Entries of `folder` owned by 65534, except the managers' own sandbox homes."""
+def _entries_of(uid: int, folder: str) -> list[str]:
+    """Entries of `folder` owned by `uid`, except the managers' own sandbox homes."""
     out = []
     for entry in os.scandir(folder):
         try:
-            if entry.stat(follow_symlinks=False).st_uid == NOBODY and not entry.name.startswith("sandbox-"):
+            if entry.stat(follow_symlinks=False).st_uid == uid and not entry.name.startswith("sandbox-"):
                 out.append(entry.name)
         except OSError:
             pass
     return out
 
 
-def _make_world() -> World:
+def _make_world(uid: int) -> World:
     base = Path(tempfile.mkdtemp(prefix="sbx-escape-", dir="/tmp"))
     os.chmod(base, 0o755)
     ro, rw, outside, outside_w = (base / n for n in ("ro", "rw", "outside", "outside_w"))
@@ -179,14 +189,14 @@ def _make_world() -> World:
     _own(canary, 0, 0o644)
     owned = outside_w / "owned.txt"
     owned.write_text(CANARY_TEXT)
-    _own(owned, NOBODY, 0o644)
+    _own(owned, uid, 0o644)
     ro_file = ro / "data.txt"
     ro_file.write_text("read-only data\n")
-    _own(ro_file, NOBODY, 0o666)
+    _own(ro_file, uid, 0o666)
     ro_root = ro / "root.txt"
     ro_root.write_text("root data\n")
     _own(ro_root, 0, 0o644)
-    return World(base, ro, rw, outside, outside_w, canary, owned, ro_file, ro_root)
+    return World(base, ro, rw, outside, outside_w, canary, owned, ro_file, ro_root, uid)
 
 
 def _capability(world: World, *, readable: list[str] | None | str = "default", **limits: Any
@@ -206,15 +216,15 @@ def _capability(world: World, *, readable: list[str] | None | str = "default", *
 OUR_HOMES: set[str] = set()
 
 
-def _our_nobody_processes() -> list[str]:
-    """uid-65534 processes that this module started (see the module docstring)."""
-    return sandbox_processes(NOBODY, MARKER, OUR_HOMES)
+def _our_sandbox_processes(uid: int) -> list[str]:
+    """Processes of the child's uid that this module started (see the module docstring)."""
+    return sandbox_processes(uid, MARKER, OUR_HOMES)
 
 
-def _wait_no_nobody_processes(timeout: float = 5.0) -> list[str]:
+def _wait_no_sandbox_processes(uid: int, timeout: float = 5.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
-        left = _our_nobody_processes()
+        left = _our_sandbox_processes(uid)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
@@ -266,14 +276,14 @@ class Env:
                                     env={MARKER_NAME: MARKER})
 
 
-@pytest.fixture(scope="module")
-def env() -> Iterator[Env]:
-    world = _make_world()
-    manager = SandboxManager()
+@pytest.fixture(scope="module", params=list(IDENTITIES.values()), ids=list(IDENTITIES))
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    manager = SandboxManager(child_uid=request.param)
+    world = _make_world(manager.child_uid)
     try:
         box = Env(manager, world)
         warm = box.py("out = os.getuid()")
-        assert warm.exit_code == 0 and warm.variables == {"out": NOBODY}, warm
+        assert warm.exit_code == 0 and warm.variables == {"out": world.uid}, warm
         assert _alive(manager.launcher_pid)
         yield box
     finally:
@@ -289,14 +299,14 @@ def unharmed(env: Env) -> Iterator[None]:
     fds_before = _fd_count()
     launcher = env.manager.launcher_pid
     yield
-    left = _wait_no_nobody_processes()
+    left = _wait_no_sandbox_processes(world.uid)
     # Clean the writable root for the next test (we are root).
     for entry in world.rw.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    assert not left, f"uid-{NOBODY} processes survived the test: {left}"
+    assert not left, f"uid-{world.uid} processes survived the test: {left}"
     assert world.canary.read_text() == CANARY_TEXT
     assert world.snapshot() == before, "something outside the writable root changed"
     deadline = time.monotonic() + 5
@@ -316,6 +326,15 @@ def _denied(report: Any, *errnos: int) -> None:
     assert report[0] == "err", f"attempt SUCCEEDED: {report}"
     if errnos:
         assert report[1] in errnos, f"unexpected failure {report}, wanted {errnos}"
+
+
+def _unread(report: Any) -> None:
+    """A denied read: refused by Landlock, or hidden under a mount of the child's namespace
+    (an empty folder where the folder was, /dev/null where the file was: nothing to read)."""
+    if report[0] == "ok":
+        assert report[1] in ("", []), f"read SUCCEEDED: {report}"
+    else:
+        assert report[1] in (errno.EACCES, errno.ENOENT), f"unexpected failure {report}"
 
 
 def _ok_run(result: Any) -> dict[str, Any]:
@@ -428,7 +447,7 @@ out = [attempt(lambda: write(w['rw'] + '/new_target')),
 
 @needs_refer
 def test_hard_link_from_writable_root_to_outside_file_fails(env: Env) -> None:
-    # owned_outside belongs to 65534, so protected_hardlinks would allow it: only Landlock stops it.
+    # owned_outside belongs to the child's uid, so protected_hardlinks would allow it: only Landlock stops it.
     code = """
 out = [attempt(lambda: os.link(w['owned_outside'], w['rw'] + '/hard_owned')),
        attempt(lambda: os.link(w['canary'], w['rw'] + '/hard_canary'))]
@@ -529,7 +548,7 @@ out = [attempt(create), attempt(lambda: os.mkdir(w['ro'] + '/newdir')),
 
 @needs_truncate
 def test_truncate_and_overwrite_in_read_only_root_fail(env: Env) -> None:
-    # data.txt is 65534's and 0666: file permissions would allow all three.
+    # data.txt is the child uid's and 0666: file permissions would allow all three.
     code = """
 def write():
     with open(w['ro_file'], 'r+') as h:
@@ -557,7 +576,7 @@ def test_chmod_of_a_root_owned_file_in_read_only_root_fails(env: Env) -> None:
     assert stat.S_IMODE(env.world.ro_rootfile.stat().st_mode) == 0o644
 
 
-def test_metadata_of_a_65534_owned_file_in_read_only_root_cannot_change(env: Env) -> None:
+def test_metadata_of_the_childs_own_file_in_read_only_root_cannot_change(env: Env) -> None:
     """Landlock has no right for metadata changes and file permissions let the owner make
     them: the child's view of the host is read-only outside its writable roots (EROFS)."""
     info = env.world.ro_file.stat()
@@ -651,8 +670,8 @@ out = [attempt(lambda: read('/home/sbxtest/notes.txt')),
         r = env.py(code, sid=sid)
         out = _ok_run(r)
         assert out[0] == ["ok", "public notes\n"]  # the control: the home itself reads
-        _denied(out[1], errno.EACCES)
-        _denied(out[2], errno.EACCES)
+        _unread(out[1])
+        _unread(out[2])
         assert out[3] == ["ok", ""]
         assert "FAKE OPENSSH" not in r.stdout + r.stderr + repr(out)
     finally:
@@ -661,7 +680,8 @@ out = [attempt(lambda: read('/home/sbxtest/notes.txt')),
 
 def test_read_everywhere_sandbox_cannot_reach_another_sandboxes_home(env: Env) -> None:
     """Found by this suite: homes sat in /tmp, which "read everywhere" grants, and every home
-    belongs to the same uid. Homes now live in one folder that every sandbox is denied.
+    belongs to the same uid. Homes now live in one folder that every sandbox is denied (or
+    sees as an empty mount holding only its own home).
     (Changing the other home's mode is the metadata limit of the xfail test above.)"""
     home_a = env.manager._get(env.sid).home
     _ok_run(env.py("open(os.environ['HOME'] + '/private.txt', 'w').write('tenant A secret'); out = 1"))
@@ -676,10 +696,10 @@ out = [attempt(lambda: os.listdir(a)), attempt(lambda: read(a + '/private.txt'))
         env.manager.destroy(sid_b)
         os.chmod(home_a, 0o700)
         Path(home_a, "private.txt").unlink(missing_ok=True)
-    _denied(out[3], *WRITE_REFUSED)  # writing there is stopped
+    _denied(out[3], *WRITE_REFUSED, errno.ENOENT)  # writing there is stopped (or no "there")
     assert not Path(home_a, "planted").exists()
     for report in out[:2]:
-        _denied(report, *WRITE_REFUSED)
+        _unread(report)
 
 
 def test_etc_shadow_unreadable(env: Env) -> None:
@@ -690,10 +710,10 @@ def test_etc_shadow_unreadable(env: Env) -> None:
         code = "out = [attempt(lambda: read('/etc/shadow')), attempt(lambda: read('/etc/passwd')[:5])]"
         for s in (sid, env.sid):
             out = _ok_run(env.py(code, sid=s))
-            _denied(out[0], errno.EACCES)
+            _unread(out[0])
             assert out[1][0] == "ok"  # the control: the rest of /etc reads
         r = env.sh("cat /etc/shadow; echo rc=$?", sid=sid)
-        assert "rc=1" in r.stdout and "root:" not in r.stdout, r
+        assert "rc=" in r.stdout and "root:" not in r.stdout, r
     finally:
         env.manager.destroy(sid)
 
@@ -813,17 +833,24 @@ out = [attempt(go), attempt(own)]
 
 
 @needs_seccomp
-def test_setuid_root_fails(env: Env) -> None:
-    code = """
-out = [attempt(lambda: os.setuid(0)), attempt(lambda: os.setresuid(0, 0, 0)), attempt(lambda: os.setgid(0)),
-       attempt(lambda: os.setgroups([0])), [os.getuid(), os.geteuid(), os.getgid()],
-       subprocess.run(['sudo', '-n', 'true'], capture_output=True).returncode if os.path.exists('/usr/bin/sudo') else 1]
+def test_changing_identity_fails(env: Env) -> None:
+    """No other uid or group, and no capability: as 65534 root is the prize; as root (in its
+    user namespace) any other user's files are."""
+    uid = env.world.uid
+    other = 0 if uid != 0 else 1000
+    code = f"""
+out = [attempt(lambda: os.setuid({other})), attempt(lambda: os.setresuid({other}, {other}, {other})),
+       attempt(lambda: os.setgid({other})), attempt(lambda: os.setgroups([{other}])),
+       [os.getuid(), os.geteuid(), os.getgid()],
+       subprocess.run(['sudo', '-n', 'true'], capture_output=True).returncode if os.path.exists('/usr/bin/sudo') else 1,
+       [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff')]]
 """
     out = _ok_run(env.py(code))
     for report in out[:4]:
         _denied(report, errno.EPERM, errno.EINVAL)
-    assert out[4] == [NOBODY, NOBODY, NOBODY]
+    assert out[4] == [uid, uid, uid]
     assert out[5] != 0
+    assert out[6] == ["0000000000000000"]
 
 
 @needs_seccomp
@@ -968,7 +995,7 @@ def test_udp_sendto_kernel_loopback_fails(env: Env) -> None:
 
 @contextlib.contextmanager
 def _host_unix_socket(kind: int, name: str) -> Iterator[tuple[socket.socket, str]]:
-    """A unix socket of the host's, bound at a path that file permissions let 65534 reach."""
+    """A unix socket of the host's, bound at a path that file permissions let the child reach."""
     folder = tempfile.mkdtemp(prefix="sbx-escape-sock-", dir="/tmp")
     server = socket.socket(socket.AF_UNIX, kind)
     try:
@@ -1074,13 +1101,13 @@ def test_fork_bomb_ends_and_leaves_nothing(env: Env) -> None:
     # exit takes the whole namespace, bomb included, down with it.
     r = env.sh(":(){ :|:& };:", timeout=5)
     assert r.exit_code is not None
-    assert _wait_no_nobody_processes() == []
+    assert _wait_no_sandbox_processes(env.world.uid) == []
     # The same bomb with the top shell staying alive: RLIMIT_NPROC stalls it and the run must
     # end by a kill (process limit or timeout), not by itself.
     r = env.sh(":(){ :|:& };:; sleep 300", timeout=5)
     assert r.exit_code == -1 and r.killed is not None, r
     assert "[sandbox] killed:" in r.stderr
-    assert _wait_no_nobody_processes() == []
+    assert _wait_no_sandbox_processes(env.world.uid) == []
     assert _ok_run(env.py("out = 'alive'")) == "alive"
 
 
@@ -1117,25 +1144,25 @@ def test_sleeping_setsid_grandchild_dies_with_the_timeout(env: Env) -> None:
     r = env.sh("setsid sleep 300 & sleep 300", timeout=1)
     assert r.exit_code == -1 and r.killed is not None and "timeout" in r.killed, r
     assert "[sandbox] killed:" in r.stderr
-    assert _wait_no_nobody_processes() == []
+    assert _wait_no_sandbox_processes(env.world.uid) == []
     sleepers = [p.pid for p in psutil.process_iter(["name", "uids", "cmdline"])
-                if p.info["name"] == "sleep" and p.info["uids"] and p.info["uids"].real == NOBODY
-                and p.info["cmdline"] == ["sleep", "300"] and p.pid in _ours_by_env()]
+                if p.info["name"] == "sleep" and p.info["uids"] and p.info["uids"].real == env.world.uid
+                and p.info["cmdline"] == ["sleep", "300"] and p.pid in _ours_by_env(env.world.uid)]
     assert sleepers == []
 
 
 def test_setsid_grandchild_does_not_outlive_a_shell_that_exits(env: Env) -> None:
     r = env.sh("setsid sleep 300 & exit 0", timeout=15)
     assert r.killed is None or "timeout" not in r.killed, r
-    assert _wait_no_nobody_processes() == []
-    assert [p for p in _ours_by_env()] == []
+    assert _wait_no_sandbox_processes(env.world.uid) == []
+    assert [p for p in _ours_by_env(env.world.uid)] == []
 
 
-def _ours_by_env() -> list[int]:
+def _ours_by_env(uid: int) -> list[int]:
     pids = []
     for proc in psutil.process_iter(["uids"]):
         try:
-            if proc.info["uids"] and proc.info["uids"].real == NOBODY \
+            if proc.info["uids"] and proc.info["uids"].real == uid \
                     and proc.environ().get(MARKER_NAME) == MARKER \
                     and proc.status() != psutil.STATUS_ZOMBIE:
                 pids.append(proc.pid)

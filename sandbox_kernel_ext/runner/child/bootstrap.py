@@ -20,6 +20,7 @@ import os
 import resource
 import signal
 import socket
+import stat
 import struct
 
 from ..linux import landlock, seccomp
@@ -29,12 +30,14 @@ from ..linux.namespaces import (
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUTS,
+    MS_BIND,
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
     bind_mount,
+    drop_bounding_set,
     drop_capabilities,
     drop_identity,
     enter_namespaces,
@@ -165,6 +168,40 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
 _MAX_FD = 1 << 30  # closerange() clamps to the real table size
 
 
+def _within(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip("/") + "/")
+
+
+def hide_paths(hidden: list[str], granted: list[str]) -> None:
+    """Cover each hidden path that exists now: a folder with an empty tmpfs, anything else with
+    /dev/null (both read-only once `view_host_read_only` has run). A granted path inside a
+    hidden folder (this sandbox's home, in the folder of every sandbox's home) is bound back
+    on top, through a descriptor taken before the cover."""
+    for path in hidden:
+        try:
+            is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+        except OSError:
+            continue  # nothing there at this run's start
+        inside = [p for p in granted if is_folder and _within(p, path) and os.path.exists(p)]
+        held = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside}
+        try:
+            if is_folder:
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      "size=64k,nr_inodes=256,mode=0755")
+            else:
+                mount("/dev/null", path, None, MS_BIND)
+            for kept, fd in held.items():
+                if stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.makedirs(kept, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(kept), exist_ok=True)
+                    os.close(os.open(kept, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+                mount(f"/proc/self/fd/{fd}", kept, None, MS_BIND | MS_REC)
+        finally:
+            for fd in held.values():
+                os.close(fd)
+
+
 def view_host_read_only(write_paths: list[str]) -> None:
     """In the child's own mount namespace, every mount of the host read-only except the
     folders (and files) it may write, each bound on itself read-write: a change of metadata
@@ -187,6 +224,25 @@ def view_host_read_only(write_paths: list[str]) -> None:
         set_mount_readonly(path, False, recursive=False)
 
 
+# The parts of a fresh /proc that write to the kernel itself rather than to the child's own
+# processes: sysctls (under a root kernel the child is root, whom their file modes let write),
+# SysRq, IRQ affinity, bus and filesystem settings. Landlock grants nothing under /proc for
+# writing; these mounts make them read-only as well, as container runtimes do.
+KERNEL_SETTINGS_IN_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+def freeze_kernel_settings() -> None:
+    for path in KERNEL_SETTINGS_IN_PROC:
+        if not os.path.exists(path):
+            continue
+        bind_mount(path)
+        try:
+            set_mount_readonly(path, True, recursive=True)
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:  # before Linux 5.12 Landlock alone holds them
+                raise
+
+
 def _confine_and_run(
     plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
     *, drop_root: bool,
@@ -194,9 +250,14 @@ def _confine_and_run(
     private_shm = False
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
-    except OSError:
-        pass  # no mount namespace here: nothing below can be mounted either
+    except OSError as exc:
+        # No mount namespace here: nothing below can be mounted either. A plan that relies
+        # on mounts to hide paths from rules that would grant them must not run.
+        if plan.hidden_paths:
+            raise OSError(exc.errno, "no mount namespace to hide the paths this policy denies "
+                                     f"({exc.strerror})") from None
     else:
+        hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
     try:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -205,7 +266,10 @@ def _confine_and_run(
         private_shm = True
     except OSError:
         pass  # the host's /proc stays (the isolation report says so), and no /dev/shm
+    else:
+        freeze_kernel_settings()
     if drop_root and plan.uid is not None:
+        drop_bounding_set()  # needs the capability the uid change takes away
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
     # The environment and the command line came on memfds, never through the launcher's memory.

@@ -15,7 +15,7 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_capabilities",
+    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_bounding_set", "drop_capabilities",
     "drop_identity",
     "enter_namespaces", "userns_usable",
 ]
@@ -39,6 +39,7 @@ MOUNT_ATTR_RDONLY = 0x1
 AT_RECURSIVE = 0x8000
 AT_FDCWD = -100
 PR_SET_DUMPABLE = 4
+PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
@@ -104,13 +105,40 @@ def bind_mount(path: str) -> None:
     mount(path, path, None, MS_BIND | MS_REC)
 
 
-def drop_capabilities() -> None:
-    """Empty every capability set and the bounding set (caps held inside the user namespace)."""
+CAP_SETPCAP = 8
+
+
+def _has_effective(cap: int) -> bool:
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _call("capget", ctypes.byref(header), data)
+    return bool(data[cap // 32].effective & (1 << (cap % 32)))
+
+
+def drop_bounding_set() -> None:
+    """Empty the bounding set, so no later exec can grant a capability. It needs CAP_SETPCAP,
+    so it runs before any change of uid; holding it, a capability that stays raises. Without
+    it (an unprivileged process with no user namespace) nothing can be dropped, and
+    `no_new_privs` is what keeps an exec from granting anything."""
+    if not _has_effective(CAP_SETPCAP):
+        return
     for cap in range(64):
         try:
             prctl(PR_CAPBSET_DROP, cap)
         except OSError:
-            break
+            try:
+                still_held = prctl(PR_CAPBSET_READ, cap)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:  # past the last capability this kernel knows
+                    break
+                raise
+            if still_held:
+                raise
+
+
+def drop_capabilities() -> None:
+    """Empty every capability set and the bounding set (caps held inside the user namespace)."""
+    drop_bounding_set()
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _call("capset", ctypes.byref(header), data)

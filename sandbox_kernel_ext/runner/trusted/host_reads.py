@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from ...policy.paths import is_within
 
 __all__ = [
-    "python_read_set", "python_write_set", "etc_read_set", "credential_paths", "cover_except",
+    "python_read_set", "python_write_set", "etc_read_set", "etc_secret_paths", "credential_paths",
+    "cover_except",
     "home_folders",
 ]
 
@@ -95,6 +96,27 @@ def etc_read_set(etc: str = "/etc") -> list[str]:
     return grants
 
 
+def etc_secret_paths(etc: str = "/etc") -> list[str]:
+    """The secrets ``etc_read_set`` leaves out, for a child that hides them under mounts
+    instead (a secret folder is one entry: nothing below it is listed)."""
+    secrets: list[str] = []
+
+    def walk(folder: str, relroot: str) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            return
+        for entry in entries:
+            relpath = f"{relroot}{entry.name}"
+            if _etc_entry_is_secret(relpath, entry.name, entry.path):
+                secrets.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                walk(entry.path, relpath + "/")
+
+    walk(etc, "")
+    return secrets
+
+
 def _mapped_library_dirs() -> list[str]:
     """Directories of the shared objects this process maps (ld.so, libc, extension modules)."""
     dirs: list[str] = []
@@ -133,7 +155,7 @@ PYTHON_DEVICE_READ_SET = (
 )
 
 
-def python_read_set(extra: Iterable[str] = ()) -> list[str]:
+def python_read_set(extra: Iterable[str] = (), *, etc_secrets_hidden: bool = False) -> list[str]:
     """The minimum read set for running the current Python interpreter, as real paths.
 
     - ``sys.base_prefix``: the interpreter binary and the standard library.
@@ -149,6 +171,8 @@ def python_read_set(extra: Iterable[str] = ()) -> list[str]:
     - ``PYTHON_DEVICE_READ_SET``: the device and Linux kernel files listed there.
     - ``/etc`` minus secrets (``etc_read_set``): ld.so.cache, localtime, passwd, resolv.conf,
       ssl certificates, but never shadow-like files, sudoers, ssh host keys or private TLS keys.
+      With ``etc_secrets_hidden`` (the child covers ``etc_secret_paths()`` with mounts),
+      ``/etc`` is one rule instead of one per entry beside a secret.
 
     It walks ``/etc`` (about 10 ms here): compute it once per launcher, not per child.
     """
@@ -167,7 +191,7 @@ def python_read_set(extra: Iterable[str] = ()) -> list[str]:
         candidates.append(f"/usr/lib/{triplet}")
     candidates += [f"/{name}" for name in ("lib", "lib64", "lib32", "libx32")]
     candidates += PYTHON_DEVICE_READ_SET
-    return _minimal_cover(candidates) + etc_read_set()
+    return _minimal_cover(candidates) + (["/etc"] if etc_secrets_hidden else etc_read_set())
 
 
 def python_write_set() -> list[str]:

@@ -17,7 +17,10 @@ from ...policy.errors import SandboxError
 from ...policy.models import SandboxTier
 from ..linux import landlock, seccomp
 
-__all__ = ["isolation_report", "missing_layers", "check_tier"]
+__all__ = ["isolation_report", "missing_layers", "check_tier", "default_child_uid",
+           "read_only_view_available"]
+
+NOBODY_UID = 65534
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,7 +33,7 @@ def _userns() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _read_only_view() -> bool:
+def read_only_view_available() -> bool:
     """Whether a child's mount namespace can show it the host read-only."""
     if not sys.platform.startswith("linux") or not (_userns() or os.geteuid() == 0):
         return False
@@ -43,6 +46,22 @@ def network_namespaces() -> bool:
     """Whether a child can get its own network namespace (root, or user namespaces allowed):
     the egress proxy needs one, and without it a sandbox gets no network at all."""
     return sys.platform.startswith("linux") and (os.geteuid() == 0 or _userns())
+
+
+def default_child_uid() -> int:
+    """Under a root kernel: root's own uid inside a user namespace, where no capability it had
+    outside holds; where user namespaces are refused, 65534, since uid 0 in the host's own
+    namespace would keep whatever the namespaces could not take away."""
+    return os.geteuid() if _userns() else NOBODY_UID
+
+
+def _child_identity() -> str:
+    if os.name != "posix" or os.geteuid() != 0:
+        return "the Jupyter kernel's own uid in a user namespace"
+    if default_child_uid() == 0:
+        return ("root, the Jupyter kernel's own uid, in a user namespace with every capability "
+                "dropped (set-user-ID modes refused)")
+    return "unprivileged uid 65534 (the Jupyter kernel runs as root; user namespaces are refused)"
 
 
 def isolation_report() -> dict[str, Any]:
@@ -59,7 +78,7 @@ def isolation_report() -> dict[str, Any]:
         "pid_namespace": linux and (_userns() or os.geteuid() == 0),
         "network_namespace": linux and (_userns() or os.geteuid() == 0),
         # Outside its writable roots the child sees the host read-only (no metadata changes).
-        "read_only_host_view": _read_only_view(),
+        "read_only_host_view": read_only_view_available(),
         "rlimits": os.name == "posix",
         "process_tree_monitor": True,
     }
@@ -69,9 +88,11 @@ def isolation_report() -> dict[str, Any]:
         "landlock_abi": abi,
         "landlock_unenforced": [] if abi == 0 else unenforced,
         "running_as_root": os.name == "posix" and os.geteuid() == 0,
-        "child_identity": (
-            "unprivileged uid 65534 (the Jupyter kernel runs as root)"
-            if os.name == "posix" and os.geteuid() == 0 else "the Jupyter kernel's own uid in a user namespace"
+        "child_identity": _child_identity(),
+        "denied_paths_hidden_by": (
+            "mounts in the child's namespace (an empty tmpfs or /dev/null on each; /etc and "
+            '"read everywhere" need no enumeration)' if read_only_view_available() else
+            "Landlock rules around each denied path, enumerated once per process"
         ),
         "layers": layers,
         "missing": missing_layers(),
@@ -99,7 +120,7 @@ def missing_layers() -> list[str]:
     if not _userns() and os.geteuid() != 0:
         missing.append("namespaces (user namespaces are refused: no PID or network namespace, "
                        "no read-only view of the host)")
-    elif not _read_only_view():
+    elif not read_only_view_available():
         missing.append("read-only view of the host (no mount_setattr before Linux 5.12): a child "
                        "can change the metadata of files its uid owns outside its roots")
     return missing

@@ -34,11 +34,10 @@ from ..wire import ChildPlan
 from .control import CellEvents, ControlChannel, InputCallback
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
-from .isolation import check_tier, missing_layers, network_namespaces
+from .isolation import check_tier, default_child_uid, missing_layers, network_namespaces
 from .launcher_client import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
 from .plan import (
-    NOBODY_UID,
     PROXY_PORT,
     build_plan,
     denied_reads,
@@ -80,8 +79,11 @@ class _Sandbox:
 class SandboxManager:
     """Create, run and destroy sandboxes whose children the operating system confines.
 
-    `child_uid`: the unprivileged uid a child drops to when this process runs as root
-    (default 65534, "nobody"); its writable folders must be writable by that uid.
+    `child_uid`: the uid a child runs as when this process runs as root. By default it is
+    root's own (so the user's folders and an interpreter under /root just work, and what a
+    child creates belongs to the user), in a user namespace with every capability dropped;
+    where user namespaces are refused, 65534 ("nobody"). Writable folders must be writable
+    by that uid.
     `monitor_interval`: seconds between samples of the process tree (default 0.25; read at
     each run, so it may be changed between runs).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
@@ -108,7 +110,9 @@ class SandboxManager:
         self.monitor_interval = monitor_interval
         self._strict = strict
         self._is_root = os.name == "posix" and os.geteuid() == 0
-        self.child_uid = (child_uid if child_uid is not None else NOBODY_UID) if self._is_root else None
+        self.child_uid = (
+            (child_uid if child_uid is not None else default_child_uid()) if self._is_root else None
+        )
         self.broker = broker if broker is not None else ApprovalBroker()  # the process default decides
         self._egress_resolver = egress_resolver
         self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
@@ -161,9 +165,10 @@ class SandboxManager:
             info = os.stat(path)
             if info.st_uid != self.child_uid and not info.st_mode & 0o002:
                 raise SandboxError(
-                    f"writable path {path} is not writable by uid {self.child_uid}, the "
-                    "unprivileged user sandboxed children run as when this process runs as root; "
-                    f"chown it to {self.child_uid} or make it world-writable"
+                    f"writable path {path} is not writable by uid {self.child_uid}, the uid "
+                    "sandboxed children run as when this process runs as root (with no "
+                    f"capability, so file permissions hold for it); chown it to "
+                    f"{self.child_uid} or make it world-writable"
                 )
 
     def _get(self, sandbox_id: str) -> _Sandbox:

@@ -20,10 +20,10 @@ from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within
 from ..wire import ChildPlan
 from . import host_reads
+from .isolation import NOBODY_UID, read_only_view_available
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID", "PROXY_PORT"]
 
-NOBODY_UID = 65534
 # Where the egress proxy listens inside each child's own network namespace (so one number
 # serves every sandbox at once).
 PROXY_PORT = 3128
@@ -36,12 +36,20 @@ SYSTEM_READ_SET = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32
 _EVERYWHERE_EXCLUDED = ("/proc", "/sys", "/dev", "/etc")
 
 
+def hidden_by_mounts() -> bool:
+    """Whether children hide what they may not read under mounts of their own namespace (an
+    empty read-only tmpfs on a folder, /dev/null on a file), as bubblewrap does: then /etc is
+    one Landlock rule and "read everywhere" one rule per top-level folder, with nothing to
+    enumerate around a denied path. Needs the mount namespace of the read-only view."""
+    return read_only_view_available()
+
+
 @functools.lru_cache(maxsize=1)
 def runtime_read_set() -> tuple[str, ...]:
     """The interpreter, its libraries, the package itself and system binaries (computed once:
-    it walks /etc)."""
+    it walks /etc when secrets there cannot be hidden under mounts)."""
     package_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = host_reads.python_read_set(extra=[package_dir])
+    paths = host_reads.python_read_set(extra=[package_dir], etc_secrets_hidden=hidden_by_mounts())
     paths += [path for path in SYSTEM_READ_SET if os.path.exists(path)]
     return tuple(dict.fromkeys(paths))
 
@@ -71,9 +79,34 @@ def withheld_from_everywhere() -> list[str]:
     return [*denied_reads(), *_EVERYWHERE_EXCLUDED]
 
 
+@functools.lru_cache(maxsize=1)
+def etc_secrets() -> tuple[str, ...]:
+    """What a child hides in /etc when /etc is one rule (walked once, as the runtime set is)."""
+    return tuple(host_reads.etc_secret_paths())
+
+
 @functools.lru_cache(maxsize=4)
 def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
+    """Rules for "read everywhere". With mounts to hide the denied paths: the top-level folders
+    but those granted in part, so a folder made later anywhere below is readable at once.
+    Without: every sibling along the way to each denied path, as this process first saw them
+    (a folder made later beside a denied path stays unreadable; the README says so)."""
+    if hidden_by_mounts():
+        return tuple(host_reads.cover_except("/", _EVERYWHERE_EXCLUDED))
     return tuple(host_reads.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
+
+
+def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...]) -> list[str]:
+    """What the child covers with mounts (those that exist when it starts): /etc's secrets
+    always, and under "read everywhere" the credential list, the sandboxes' homes, Jupyter's
+    runtime folder and the roots reads of which a person approves."""
+    if not hidden_by_mounts():
+        return []
+    hidden = list(etc_secrets())
+    config = capability.filesystem_config
+    if config.mode is not FilesystemMode.none and config.readable_paths is None:
+        hidden += [*denied, *approval_roots(capability)[0]]
+    return list(dict.fromkeys(hidden))
 
 
 def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
@@ -111,12 +144,13 @@ def filesystem_grants(
                     "reads that as 'write everywhere', which the runner refuses; list the folders"
                 )
             writable += _real_paths(config.writable_paths, base, "writable path")
-        if config.readable_paths is None:
-            denied = tuple(denied_reads()) if denied is None else denied
-            readable += list(_everywhere_read_set((*denied, *ask_to_read)))
-        else:
+        if config.readable_paths is not None:
             readable += _real_paths(config.readable_paths, base, "readable path")
     _refuse_overlap(readable, ask_to_read, "readable path", "read_approval")
+    if config.mode is not FilesystemMode.none and config.readable_paths is None:
+        # Leaves the gated roots out, or (hidden_by_mounts) holds them, hidden by the child.
+        denied = tuple(denied_reads()) if denied is None else denied
+        readable += list(_everywhere_read_set((*denied, *ask_to_read)))
     _refuse_overlap(writable, ask_to_write, "writable path",
                     "read_approval, write_approval or mode ro")
     if table is not None:
@@ -251,6 +285,7 @@ def build_plan(
     """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
     elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
     sandbox) refuses the run instead of granting the link's target."""
+    denied = tuple(denied_reads()) if denied is None else denied
     readable, writable = filesystem_grants(capability, denied)
     if pinned is not None and (readable, writable) != pinned:
         moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
@@ -260,8 +295,10 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     homes = os.path.realpath(homes_folder())
+    hidden = hidden_paths(capability, denied)
     for path in readable + writable:
-        if is_within(path, homes) or is_within(homes, path):
+        holds_hidden_homes = path in readable and homes in hidden  # "everywhere" holds /tmp
+        if is_within(path, homes) or (is_within(homes, path) and not holds_hidden_homes):
             raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
     child_env = child_environment(capability, home, env)
     for name in (*PROXY_ENV_NAMES, "NO_PROXY", "no_proxy"):
@@ -290,4 +327,5 @@ def build_plan(
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,
+        hidden_paths=hidden,
     )

@@ -1,0 +1,254 @@
+"""A root kernel's children run as root, in a user namespace, with nothing root could do.
+
+Root kernels are common (Colab, most Docker images). Their children used to drop to uid 65534,
+so a folder from `mkdtemp` was refused as a writable root, an interpreter under /root could not
+start, and the files a sandbox made belonged to nobody. Now the child keeps uid 0 inside a user
+namespace with every capability set and the bounding set empty, and these tests try what being
+root could still be good for: capabilities regained by exec, kernel settings under /proc (whose
+file modes let root write them), raw disks (root's by their modes), root's 0600 files outside
+the grants, signals to root's processes. File permissions stop none of these for uid 0: each
+must be stopped by the namespaces, the read-only mounts, Landlock or seccomp.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
+from sandbox_kernel_ext.runner.trusted.isolation import default_child_uid
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="a root kernel's children: the tests run as root"),
+]
+
+
+@pytest.fixture()
+def root_folder() -> Iterator[Path]:
+    """What a root user makes and hands to a sandbox: mkdtemp's folder, root's and 0700."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-rootid-"))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def _capability(writable: list[str], readable: list[str] | None) -> CapabilityDeclaration:
+    return CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_write" if writable else "read_only", writable_paths=writable,
+        readable_paths=readable))
+
+
+def test_the_default_identity_is_root_in_a_user_namespace() -> None:
+    assert default_child_uid() == 0  # this host allows user namespaces, as CI's does
+    from sandbox_kernel_ext import isolation_report
+
+    assert "every capability dropped" in isolation_report()["child_identity"]
+
+
+def test_a_root_folder_is_writable_and_what_the_cell_makes_is_roots(root_folder: Path) -> None:
+    assert stat.S_IMODE(root_folder.stat().st_mode) == 0o700 and root_folder.stat().st_uid == 0
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_capability([str(root_folder)], []))
+        result = manager.run_python(sid, f"""
+import os, subprocess
+open({str(root_folder / 'made.txt')!r}, 'w').write('x')
+status = open('/proc/self/status').read()
+after_exec = subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout
+def caps(text):
+    return {{line.split(':')[0]: line.split()[1] for line in text.splitlines() if line.startswith('Cap')}}
+out = {{'uid': os.getuid(), 'caps': caps(status), 'caps_after_exec': caps(after_exec),
+        'no_new_privs': [l.split()[1] for l in status.splitlines() if l.startswith('NoNewPrivs')],
+        'uid_map': open('/proc/self/uid_map').read().split()}}
+""", outputs=["out"])
+    assert result.exit_code == 0, result.stderr
+    out = result.variables["out"]
+    assert out["uid"] == 0
+    assert out["uid_map"] == ["0", "0", "1"]  # a user namespace of its own
+    zero = "0000000000000000"
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert out["caps"][name] == zero, out["caps"]
+        assert out["caps_after_exec"][name] == zero, out["caps_after_exec"]  # exec as root gains none
+    assert out["no_new_privs"] == ["1"]
+    made = (root_folder / "made.txt").stat()
+    assert (made.st_uid, made.st_gid) == (0, 0)
+
+
+def test_a_program_under_root_home_runs(tmp_path: Path) -> None:
+    """pyenv's and conda's interpreters live under /root (0700): the child can enter it."""
+    if not os.path.isdir("/root"):
+        pytest.skip("no /root here")
+    folder = Path(tempfile.mkdtemp(prefix="sbx-rootid-", dir="/root"))
+    try:
+        program = folder / "tool"
+        program.write_text("#!/bin/sh\necho ran from /root\n")
+        program.chmod(0o700)
+        with SandboxManager() as manager:
+            sid = manager.create_sandbox(_capability([], [str(folder)]))
+            result = manager.execute(sid, [str(program)])
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == "ran from /root\n"
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+KERNEL_SETTINGS = ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches",
+                   "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger", "/proc/sys/fs/file-max")
+
+
+def test_kernel_settings_cannot_be_written(root_folder: Path) -> None:
+    """core_pattern would run a program as the host's root; every sysctl's mode lets root write."""
+    before = {path: Path(path).read_text() for path in KERNEL_SETTINGS
+              if os.access(path, os.R_OK) and path != "/proc/sysrq-trigger"}
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_capability([str(root_folder)], None))  # read everywhere
+        result = manager.run_python(sid, f"""
+import errno, os
+out = {{}}
+for path in {KERNEL_SETTINGS!r}:
+    try:
+        with open(path, 'w') as handle:
+            handle.write('|/bin/sh -c id' if 'core_pattern' in path else '1')
+        out[path] = 'written'
+    except OSError as exc:
+        out[path] = errno.errorcode.get(exc.errno, str(exc.errno))
+mounts = {{line.split()[4]: line.split()[5] for line in open('/proc/self/mountinfo')}}
+out['/proc/sys mount'] = mounts.get('/proc/sys', 'not a mount')
+""", outputs=["out"])
+    assert result.exit_code == 0, result.stderr
+    out = result.variables["out"]
+    # Two layers: a read-only mount of its own, and Landlock, which grants no write under /proc
+    assert out.pop("/proc/sys mount").split(",")[0] == "ro", out
+    for path, what in out.items():
+        if what == "ENOENT":
+            continue
+        assert what in ("EROFS", "EACCES", "EPERM"), (path, what)
+    assert {path: Path(path).read_text() for path in before} == before
+
+
+def _block_device() -> str | None:
+    for entry in sorted(os.scandir("/dev"), key=lambda e: e.name):
+        try:
+            if stat.S_ISBLK(entry.stat(follow_symlinks=False).st_mode):
+                return entry.path
+        except OSError:
+            continue
+    return None
+
+
+def test_raw_disks_and_roots_private_files_stay_closed(root_folder: Path) -> None:
+    """Root may read a block device or any 0600 file of its own by their modes: only the
+    grants decide, under "read everywhere" too."""
+    secret_dir = Path(tempfile.mkdtemp(prefix="sbx-rootid-secret-"))
+    secret = secret_dir / "private"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    device = _block_device()
+    try:
+        with SandboxManager() as manager:
+            narrow = manager.create_sandbox(_capability([str(root_folder)], []))
+            everywhere = manager.create_sandbox(_capability([str(root_folder)], None))
+            code = f"""
+import errno
+out = {{}}
+for path in {[str(secret), device] if device else [str(secret)]!r}:
+    try:
+        open(path, 'rb').read(16)
+        out[path] = 'read'
+    except OSError as exc:
+        out[path] = errno.errorcode.get(exc.errno, str(exc.errno))
+"""
+            narrow_result = manager.run_python(narrow, code, outputs=["out"])
+            everywhere_result = manager.run_python(everywhere, code, outputs=["out"])
+    finally:
+        subprocess.run(["rm", "-rf", str(secret_dir)], check=False)
+    assert narrow_result.exit_code == 0, narrow_result.stderr
+    assert all(v in ("EACCES", "EPERM") for v in narrow_result.variables["out"].values()), narrow_result
+    assert everywhere_result.exit_code == 0, everywhere_result.stderr
+    if device is not None:  # "everywhere" grants a few devices by name, never a disk
+        assert everywhere_result.variables["out"][device] in ("EACCES", "EPERM"), everywhere_result
+
+
+def test_roots_processes_outside_cannot_be_signalled(root_folder: Path) -> None:
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        with SandboxManager() as manager:
+            sid = manager.create_sandbox(_capability([str(root_folder)], None))
+            result = manager.run_python(sid, f"""
+import errno, os, signal
+out = {{}}
+for name, target in (('pid', {victim.pid}), ('everyone', -1), ('group', -{os.getpgid(0)})):
+    try:
+        os.kill(target, signal.SIGKILL if name != 'everyone' else signal.SIGTERM)
+        out[name] = 'sent'
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+""", outputs=["out"])
+        assert result.exit_code in (0, -signal.SIGTERM), result
+        assert victim.poll() is None, "a root process outside the sandbox was killed"
+        if result.variables:
+            assert result.variables["out"]["pid"] in ("ESRCH", "EPERM"), result.variables
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+NO_USER_NAMESPACES_AS_ROOT = """
+import os, sys
+# Root in a user namespace of our own in which nested ones are refused (the sysctl is per
+# namespace): the launcher is root but cannot make a user namespace, so its children must drop
+# to 65534 with the bounding set emptied first (it cannot be emptied after the uid change).
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    import ctypes
+    os.close(w)
+    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
+    os.read(r, 1)
+    open("/proc/sys/user/max_user_namespaces", "w").write("0")
+    os.execv(sys.argv[1], sys.argv[1:])
+os.close(r)
+import time; time.sleep(0.3)
+open(f"/proc/{pid}/uid_map", "w").write("0 0 1\\n65534 65534 1\\n")
+open(f"/proc/{pid}/gid_map", "w").write("0 0 1\\n65534 65534 1\\n")
+os.write(w, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+RUN_AS_ROOT_WITHOUT_USERNS = """
+import sys, tempfile, warnings
+tempfile.tempdir = sys.argv[1]
+warnings.simplefilter("ignore")
+from sandbox_kernel_ext import SandboxManager, CapabilityDeclaration, isolation_report
+print("identity:", isolation_report()["child_identity"])
+with SandboxManager() as m:
+    sid = m.create_sandbox(CapabilityDeclaration())
+    r = m.run_python(sid, "import os\\nprint(os.getuid(), [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapBnd', 'CapPrm', 'CapEff'))])")
+    print("child:", r.exit_code, r.stdout.strip(), r.stderr[-300:])
+"""
+
+
+def test_without_user_namespaces_a_root_kernels_child_keeps_no_capability(tmp_path: Path) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="sbx-rootid-nouserns-", dir="/tmp"))
+    folder.chmod(0o777)
+    try:
+        (folder / "wrap.py").write_text(NO_USER_NAMESPACES_AS_ROOT)
+        (folder / "run.py").write_text(RUN_AS_ROOT_WITHOUT_USERNS)
+        python = sys.executable
+        done = subprocess.run([python, str(folder / "wrap.py"), python, str(folder / "run.py"),
+                               str(folder)], capture_output=True, text=True, timeout=120,
+                              cwd=str(folder))
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+    assert done.returncode == 0, done.stderr
+    assert "identity: unprivileged uid 65534" in done.stdout, done.stdout
+    zero = "0000000000000000"
+    assert f"child: 0 65534 ['{zero}', '{zero}', '{zero}']" in done.stdout, done.stdout
