@@ -288,6 +288,7 @@ def test_snapshot_keys() -> None:
     assert set(monitor.snapshot()) == {
         "cpu_seconds", "peak_memory_mb", "tokens_used", "cost_usd", "elapsed_seconds",
         "memory_mb", "processes", "peak_processes", "cpu_percent", "approval_wait_seconds",
+        "disk_bytes",
     }
 
 

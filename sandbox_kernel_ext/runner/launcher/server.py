@@ -10,7 +10,8 @@ rusage. Its client, on the trusted side, is `trusted/launcher_client.py`.
 Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per message:
   trusted -> launcher  {"op": "spawn", "id": N, "plan": {...}, "fds": [names]} + fds
                        {"op": "forget", "rules": KEY}  (a destroyed sandbox's prepared rules)
-  launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B} + [pidfd]
+  launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B}
+                       + [pidfd] or [pidfd, CPU clock of the tree]
                        {"op": "failed", "id": N, "error": "..."}
                        {"op": "exited", "id": N, "status": S, "cpu_seconds": C, "maxrss_kb": R}
 End of file on the socket (the trusted side closed it or died) kills every live child and exits.
@@ -29,6 +30,7 @@ from typing import Any
 
 from ..child.bootstrap import report, run_setup_fork
 from ..linux import landlock
+from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import userns_usable
 from ..linux.syscalls import prctl
 from ..wire import ChildPlan, read_to_end, receive_message, send_message
@@ -40,23 +42,33 @@ PR_SET_CHILD_SUBREAPER = 36
 def spawn(
     plan: ChildPlan, fds: dict[str, int], *, use_userns: bool,
     rules: landlock.LandlockRuleset | None,
-) -> tuple[int, str | None]:
-    """Fork the confined child; return (its host pid, or 0, and the setup error if any).
+) -> tuple[int, str | None, int | None]:
+    """Fork the confined child; return (its host pid, or 0, the setup error if any, and the
+    tree's CPU clock, or None where perf counters are refused).
 
     `fds` holds "stdin", "stdout", "stderr" and for Python runs "control" and "payload";
     `rules` are the plan's prepared Landlock rules. The fork's side is `run_setup_fork`; the
-    launcher reaps both forks (it is a child subreaper).
+    launcher reaps both forks (it is a child subreaper). The setup fork waits until the clock
+    is on it, so that the clock follows every process of the tree from the first.
     """
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
     setup_pid = os.fork()
     if setup_pid == 0:
         try:
             os.close(status_r)
+            os.close(go_w)
+            os.read(go_r, 1)
+            os.close(go_r)
             run_setup_fork(plan, fds, status_w, use_userns, rules)
         except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
             report(status_w, f"error setup: {type(exc).__name__}: {exc}")
         os._exit(0)
     os.close(status_w)
+    os.close(go_r)
+    clock = open_tree_clock(setup_pid)
+    os.write(go_w, b"g")
+    os.close(go_w)
     status = read_to_end(status_r)
     os.waitpid(setup_pid, 0)  # it exits right after forking; its child is now ours to reap
     pid, error = 0, None
@@ -65,7 +77,7 @@ def spawn(
             pid = int(line.split()[1])
         elif line.startswith("error "):
             error = error or line[6:]
-    return pid, error
+    return pid, error, clock
 
 
 class Launcher:
@@ -152,25 +164,35 @@ class Launcher:
             return False
         if not fds and self._forget(data):
             return True
-        request_id, pid, error = self._start_child(data, fds)
+        request_id, pid, error, clock = self._start_child(data, fds)
+        try:
+            self._answer_spawn(request_id, pid, error, clock)
+        finally:
+            if clock is not None:
+                os.close(clock)
+        return True
+
+    def _answer_spawn(self, request_id: Any, pid: int, error: str | None, clock: int | None
+                      ) -> None:
+        """Tell the trusted side the child runs, with its pidfd (and CPU clock), or why not."""
         if error or not pid:
             if pid:  # started but unusable: end it now, and reap it here, not in _reap()
                 kill_quietly(pid)
                 os.waitpid(pid, 0)
             self._send({"op": "failed", "id": request_id, "error": error or "no child started"})
-            return True
+            return
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
             kill_quietly(pid)
             os.waitpid(pid, 0)
             self._send({"op": "failed", "id": request_id, "error": f"pidfd_open: {exc}"})
-            return True
+            return
         self.live[pid] = request_id
         self._send({"op": "spawned", "id": request_id, "pid": pid,
-                    "pid_namespace": self.pid_namespaces}, [pidfd])
+                    "pid_namespace": self.pid_namespaces},
+                   [pidfd] if clock is None else [pidfd, clock])
         os.close(pidfd)
-        return True
 
     def _forget(self, data: bytes) -> bool:
         """Release the prepared rules a "forget" message names; False for any other message."""
@@ -184,8 +206,9 @@ class Launcher:
         self.rulesets.forget(message["rules"])
         return True
 
-    def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, int, str | None]:
-        """(the request's id, the child's pid or 0, the error); closes every received fd."""
+    def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, int, str | None, int | None]:
+        """(the request's id, the child's pid or 0, the error, its CPU clock); closes every
+        received fd."""
         request_id = None
         try:
             request = json.loads(data)
@@ -194,11 +217,11 @@ class Launcher:
             if len(names) != len(fds):
                 raise ValueError("descriptor count does not match")
             plan = ChildPlan.from_json(request["plan"])
-            pid, error = spawn(plan, dict(zip(names, fds)), use_userns=self.use_userns,
-                               rules=self.rulesets.get(plan))
-            return request_id, pid, error
+            pid, error, clock = spawn(plan, dict(zip(names, fds)), use_userns=self.use_userns,
+                                      rules=self.rulesets.get(plan))
+            return request_id, pid, error, clock
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-            return request_id, 0, f"{type(exc).__name__}: {exc}"
+            return request_id, 0, f"{type(exc).__name__}: {exc}", None
         finally:
             for fd in fds:
                 os.close(fd)

@@ -48,6 +48,21 @@ def network_namespaces() -> bool:
     return sys.platform.startswith("linux") and (os.geteuid() == 0 or _userns())
 
 
+@functools.lru_cache(maxsize=1)
+def _tree_clock() -> bool:
+    from ..linux.cpu_clock import tree_clock_available
+
+    return sys.platform.startswith("linux") and tree_clock_available()
+
+
+def _paranoid() -> str:
+    try:
+        with open("/proc/sys/kernel/perf_event_paranoid") as setting:
+            return setting.read().strip()
+    except OSError:
+        return "unknown"
+
+
 def default_child_uid() -> int:
     """Under a root kernel: root's own uid inside a user namespace, where no capability it had
     outside holds; where user namespaces are refused, 65534, since uid 0 in the host's own
@@ -80,6 +95,8 @@ def isolation_report() -> dict[str, Any]:
         # Outside its writable roots the child sees the host read-only (no metadata changes).
         "read_only_host_view": read_only_view_available(),
         "rlimits": os.name == "posix",
+        # CPU of children Linux reaps itself (their parent ignores SIGCHLD) counts too.
+        "tree_cpu_clock": _tree_clock(),
         "process_tree_monitor": True,
     }
     return {
@@ -89,6 +106,9 @@ def isolation_report() -> dict[str, Any]:
         "landlock_unenforced": [] if abi == 0 else unenforced,
         "running_as_root": os.name == "posix" and os.geteuid() == 0,
         "child_identity": _child_identity(),
+        "disk_quota": ("file_limits.max_total_bytes over what a sandbox adds to its writable "
+                       "folders and home: the monitor walks them (at most 1/20 of a core) and "
+                       "kills past it; RLIMIT_FSIZE holds each file to what is left"),
         "denied_paths_hidden_by": (
             "mounts in the child's namespace (an empty tmpfs or /dev/null on each; /etc and "
             '"read everywhere" need no enumeration)' if read_only_view_available() else
@@ -123,6 +143,10 @@ def missing_layers() -> list[str]:
     elif not read_only_view_available():
         missing.append("read-only view of the host (no mount_setattr before Linux 5.12): a child "
                        "can change the metadata of files its uid owns outside its roots")
+    if not _tree_clock():
+        missing.append("CPU clock of the whole tree (perf_event_open refused, "
+                       f"perf_event_paranoid {_paranoid()}): CPU of children reaped by Linux "
+                       "(their parent ignores SIGCHLD) is not counted")
     return missing
 
 

@@ -16,6 +16,7 @@ import sys
 import threading
 
 from ...policy.errors import SandboxError
+from ..linux.cpu_clock import read_seconds
 from ..wire import ChildPlan, receive_message, send_message
 
 __all__ = ["LauncherClient", "SpawnedChild", "LAUNCHER_ENV_NAMES"]
@@ -46,6 +47,7 @@ class SpawnedChild:
     def __init__(self) -> None:
         self.pid = 0
         self.pidfd = -1
+        self.cpu_clock = -1  # the tree's perf task clock (linux/cpu_clock.py), if the host allows
         self.pid_namespace = True
         self.error: str | None = None
         self.status: int | None = None
@@ -87,6 +89,10 @@ class SpawnedChild:
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
+        if self.cpu_clock >= 0:  # its last reading holds every process the tree ever had
+            self.cpu_seconds = max(self.cpu_seconds, read_seconds(self.cpu_clock) or 0.0)
+            os.close(self.cpu_clock)
+            self.cpu_clock = -1
 
 
 def _sweep_descendants(pid: int) -> None:
@@ -186,6 +192,9 @@ class LauncherClient:
             op = message["op"]
             if op == "spawned":
                 child.pid, child.pidfd = message["pid"], fds[0]
+                child.cpu_clock = fds[1] if len(fds) > 1 else -1
+                for extra in fds[2:]:
+                    os.close(extra)
                 child.pid_namespace = message["pid_namespace"]
                 if child.kill_requested:
                     child.kill()

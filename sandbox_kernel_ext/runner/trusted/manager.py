@@ -32,6 +32,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ..wire import ChildPlan
 from .control import CellEvents, ControlChannel, InputCallback
+from .disk_quota import DiskQuota
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
 from .isolation import check_tier, default_child_uid, missing_layers, network_namespaces
@@ -74,6 +75,7 @@ class _Sandbox:
     egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
     session: PythonSession | None = None  # the session its child serves, if it is one
     rules_keys: set[str] = field(default_factory=set)  # its plans' prepared rules, to release
+    disk: DiskQuota | None = None  # its writable folders and home, when file_limits has a quota
 
 
 class SandboxManager:
@@ -151,10 +153,12 @@ class SandboxManager:
         if self.child_uid is not None:
             os.chown(home, self.child_uid, self.child_uid)
         os.chmod(home, 0o700)
+        quota = capability.file_limits.max_total_bytes
+        disk = DiskQuota([home, *grants[1]], quota) if quota is not None else None
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
                                                    grants=grants, network_note=network_note,
-                                                   gated=gated)
+                                                   gated=gated, disk=disk)
         return sandbox_id
 
     def _check_writable(self, writable: list[str]) -> None:
@@ -368,7 +372,24 @@ class SandboxManager:
         return build_plan(sandbox.capability, kind=kind, argv=argv, home=sandbox.home, cwd=cwd,
                           env=env, uid=self.child_uid, gid=self.child_uid,
                           denied=sandbox.denied, pinned=sandbox.grants,
-                          proxy_port=PROXY_PORT if egress else None)
+                          proxy_port=PROXY_PORT if egress else None,
+                          disk_headroom=self._disk_headroom(sandbox))
+
+    def _disk_headroom(self, sandbox: _Sandbox) -> int | None:
+        """Bytes the sandbox may still add to its folders (None: no quota); a sandbox already
+        over its quota does not run. The headroom caps each file the run writes (RLIMIT_FSIZE),
+        so one big file stops at the quota in Linux itself; the monitor's walks catch many."""
+        disk = sandbox.disk
+        if disk is None:
+            return None
+        added = disk.walk_if_due(self.monitor_interval)
+        if disk.exceeded(added):  # over by the last walk: files may have been deleted since
+            added = disk.walk_if_due(self.monitor_interval, now_anyway=True)
+        reason = disk.exceeded(added)
+        if reason is not None:
+            raise SandboxError(f"{reason}: delete files in {', '.join(disk.folders)} (or raise "
+                               "the quota in the policy) before running again")
+        return disk.limit - added
 
     # -- sessions ---------------------------------------------------------------------------------
     def start_session(self, sandbox_id: str, *, cwd: str | None = None,
@@ -467,6 +488,7 @@ class SandboxManager:
             on_breach=lambda reason: self._breach(sandbox, child, reason),
             # Waiting for people stretches a run's deadline by one approval timeout at most.
             max_paused=self.broker.timeout or DEFAULT_MAX_PAUSED,
+            disk=sandbox.disk,
         )
         sandbox.monitor = monitor
         cap = int(sandbox.capability.resource_limits.max_output_mb * 1024 * 1024)
@@ -478,7 +500,7 @@ class SandboxManager:
                                            lambda: monitor, events)
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         try:
-            monitor.start(child.pid, started_at=started)
+            monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock)
             if on_start is not None:
                 on_start(monitor)
             self._pump(child, streams, control, monitor, timeout, sandbox)
@@ -587,6 +609,8 @@ class SandboxManager:
         """Add what every run reports (wall time, its egress decisions, output it dropped) to
         `usage`, keep it as the sandbox's last, and return (stdout, stderr)."""
         usage["wall_seconds"] = round(time.monotonic() - started, 4)
+        if sandbox.disk is not None:  # a run quicker than the monitor's first walk counts too
+            usage["disk_bytes"] = sandbox.disk.walk_if_due(0.0)
         if sandbox.proxy is not None:
             for name, count in sandbox.proxy.counts.items():
                 usage[f"egress_{name}"] = count - egress_before.get(name, 0)

@@ -25,6 +25,8 @@ import psutil
 
 from ...policy.limits import check_limits as _check_limits
 from ...policy.models import ResourceLimits
+from ..linux.cpu_clock import read_seconds
+from .disk_quota import DiskQuota
 
 __all__ = ["ResourceMonitor", "sample_tree"]
 
@@ -51,6 +53,7 @@ class ResourceMonitor:
         timeout: float | None = None,
         max_paused: float | None = None,
         cpu_baseline: float = 0.0,
+        disk: DiskQuota | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
@@ -69,6 +72,7 @@ class ResourceMonitor:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._root: psutil.Process | None = None
+        self._cpu_clock = -1
 
         self._started_at = time.monotonic()
         self._stopped_at: float | None = None
@@ -80,6 +84,8 @@ class ResourceMonitor:
         # CPU the tree had spent before this watch began (a session's earlier cells): a
         # budget per cell counts only what is spent from here on.
         self._cpu_baseline = cpu_baseline
+        self._disk = disk  # the sandbox's folders on disk, walked now and then
+        self._disk_bytes = 0
         self._memory_mb = 0.0
         self._peak_memory_mb = 0.0
         self._processes = 0
@@ -95,8 +101,10 @@ class ResourceMonitor:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def start(self, pid: int | None = None, *, started_at: float | None = None) -> None:
-        """Start polling; with `pid`, also sample that process and all its descendants.
+    def start(self, pid: int | None = None, *, started_at: float | None = None,
+              cpu_clock: int = -1) -> None:
+        """Start polling; with `pid`, also sample that process and all its descendants
+        (`cpu_clock`: the tree's CPU clock descriptor, which the caller keeps open).
 
         A pid that is already gone is not an error: the run may have ended first.
         `started_at` (a `time.monotonic()` value) is when the elapsed clock began, if
@@ -112,6 +120,7 @@ class ResourceMonitor:
                     logger.debug("process %d is gone before monitoring started", pid)
                 except psutil.AccessDenied:
                     logger.warning("cannot monitor process %d: access denied", pid)
+            self._cpu_clock = cpu_clock
             self._started_at = time.monotonic() if started_at is None else started_at
             self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
         self._thread.start()
@@ -240,6 +249,7 @@ class ResourceMonitor:
             "processes": self._processes,
             "peak_processes": self._peak_processes,
             "cpu_percent": self._cpu_percent,
+            "disk_bytes": self._disk_bytes,
         }
 
     def _check_locked(self, snap: dict[str, Any]) -> tuple[bool, str | None]:
@@ -248,6 +258,8 @@ class ResourceMonitor:
             return ok, reason
         if self._timeout is not None and snap["elapsed_seconds"] > self._timeout:
             return False, f"timeout after {self._timeout:g} s"
+        if self._disk is not None and (reason := self._disk.exceeded(snap["disk_bytes"])):
+            return False, reason
         max_processes = getattr(self._limits, "max_processes", None)
         if max_processes is not None and snap["processes"] > max_processes:
             return False, (
@@ -287,7 +299,11 @@ class ResourceMonitor:
             self._stop_event.wait(self._interval)
 
     def _poll(self) -> None:
-        sample = sample_tree(self._root)
+        if self._disk is not None:
+            added = self._disk.walk_if_due(self._interval)
+            with self._lock:
+                self._disk_bytes = added
+        sample = sample_tree(self._root, self._cpu_clock)
         if sample is None:
             return  # no tree, or the root is gone: keep the last values
         cpu_seconds, memory_mb, processes = sample
@@ -327,14 +343,18 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def sample_tree(root: psutil.Process | None) -> tuple[float, float, int] | None:
+def sample_tree(root: psutil.Process | None, cpu_clock: int = -1
+                ) -> tuple[float, float, int] | None:
     """`(cpu_seconds, memory_mb, processes)` of the tree, or None if the root is gone.
 
     Each process contributes its own CPU time plus that of the children it reaped
     (`children_user/system`): a reaped process's time moves into its parent's
-    counters, so every second is counted exactly once, whoever reaped it. Read straight
-    from /proc where Linux lists each thread's children (a scan of every process on the
-    host, psutil's way, costs a millisecond or more per sample); psutil elsewhere.
+    counters, so every second is counted exactly once, whoever reaped it. Children Linux
+    reaps itself (their parent ignores SIGCHLD) move nowhere: the tree's `cpu_clock`
+    (`linux/cpu_clock.py`), where the host gives one, counts them, and the larger wins.
+    Read straight from /proc where Linux lists each thread's children (a scan of every
+    process on the host, psutil's way, costs a millisecond or more per sample); psutil
+    elsewhere.
     """
     if root is None:
         return None
@@ -344,8 +364,14 @@ def sample_tree(root: psutil.Process | None) -> tuple[float, float, int] | None:
     except psutil.Error:
         return None
     pids = _tree_pids(root.pid)
-    if pids is None:
-        return _sample_with_psutil(root)
+    sample = _sample_with_psutil(root) if pids is None else _sample_proc(root, pids)
+    if sample is None or cpu_clock < 0:
+        return sample
+    clock = read_seconds(cpu_clock)
+    return (sample[0] if clock is None else max(sample[0], clock)), sample[1], sample[2]
+
+
+def _sample_proc(root: psutil.Process, pids: list[int]) -> tuple[float, float, int] | None:
     cpu_ticks = rss_pages = processes = 0
     for pid in pids:
         try:

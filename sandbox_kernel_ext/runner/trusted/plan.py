@@ -230,20 +230,25 @@ def child_environment(
 SESSION_ENV = {"MPLBACKEND": "module://sandbox_kernel_ext.runner.child.figures"}
 
 
-def rlimits_for(capability: CapabilityDeclaration, kind: str = "python") -> dict[str, list[int]]:
+def rlimits_for(capability: CapabilityDeclaration, kind: str = "python",
+                disk_headroom: int | None = None) -> dict[str, list[int]]:
     """Backstops Linux enforces per process; the monitor enforces the exact budgets on the
     whole tree. A session has no CPU rlimit: its budget is per cell, and the rlimit would
-    count every cell the process ever ran."""
+    count every cell the process ever ran. `disk_headroom`, what the disk quota has left,
+    caps each file too."""
     limits = capability.resource_limits
     mib = 1024 * 1024
     cpu = math.ceil(limits.max_cpu_seconds) + 1
     # Address space, not RSS: give headroom for what libraries reserve but never touch; the
     # monitor kills on the tree's resident memory at the real limit.
     address_space = (limits.max_memory_mb + max(limits.max_memory_mb, 256)) * mib
+    file_size = limits.max_file_size_mb * mib
+    if disk_headroom is not None:
+        file_size = min(file_size, max(disk_headroom, 0))
     rlimits = {
         "RLIMIT_AS": [address_space, address_space],
         "RLIMIT_CPU": [cpu, cpu + 1],
-        "RLIMIT_FSIZE": [limits.max_file_size_mb * mib] * 2,
+        "RLIMIT_FSIZE": [file_size, file_size],
         "RLIMIT_NOFILE": [limits.max_open_files] * 2,
         "RLIMIT_NPROC": [limits.max_processes] * 2,
         "RLIMIT_CORE": [0, 0],
@@ -281,6 +286,7 @@ def build_plan(
     denied: tuple[str, ...] | None = None,
     pinned: tuple[list[str], list[str]] | None = None,
     proxy_port: int | None = None,
+    disk_headroom: int | None = None,
 ) -> ChildPlan:
     """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
     elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
@@ -323,7 +329,7 @@ def build_plan(
         cwd=workdir,
         read_paths=read_paths,
         write_paths=list(dict.fromkeys(write_paths)),
-        rlimits=rlimits_for(capability, kind),
+        rlimits=rlimits_for(capability, kind, disk_headroom),
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,

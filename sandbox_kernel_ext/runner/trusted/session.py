@@ -73,7 +73,7 @@ class PythonSession:
         self._busy = False
         self._baseline_cpu = 0.0
         self._root = _process(child.pid)  # sampled at each cell's end (the monitor polls)
-        started_with = sample_tree(self._root)
+        started_with = sample_tree(self._root, self._child.cpu_clock)
         # The session's CPU seconds when its last cell ended (or when it started).
         self._session_cpu = started_with[0] if started_with else 0.0
         self._control: ControlChannel = manager.control_channel(
@@ -100,7 +100,7 @@ class PythonSession:
 
     def memory_mb(self) -> float:
         """The session's resident memory now (its whole process tree), 0 once ended."""
-        sample = sample_tree(self._root) if self.alive else None
+        sample = sample_tree(self._root, self._child.cpu_clock) if self.alive else None
         return round(sample[1], 1) if sample else 0.0
 
     def info(self) -> dict[str, Any]:
@@ -180,6 +180,7 @@ class PythonSession:
             on_breach=lambda reason: manager._breach(sandbox, child, reason),
             max_paused=manager.broker.timeout or 600.0,
             cpu_baseline=self._baseline_cpu,
+            disk=sandbox.disk,
         )
         self._monitor = sandbox.monitor = monitor
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
@@ -189,7 +190,7 @@ class PythonSession:
         def watch() -> None:  # once the cell is not a quick one
             if not watching:
                 watching.append(True)
-                monitor.start(child.pid, started_at=started)
+                monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock)
                 if on_start is not None:
                     on_start(monitor)
 
@@ -261,7 +262,7 @@ class PythonSession:
         with self._lock:
             if self._busy or not self.alive or self._plumbing is None:
                 return
-            sample = sample_tree(self._root)
+            sample = sample_tree(self._root, self._child.cpu_clock)
             if sample is None:
                 return
             cpu, memory, processes = sample
@@ -304,7 +305,7 @@ class PythonSession:
                 monitor: ResourceMonitor, started: float,
                 egress_before: dict[str, int]) -> SandboxResult:
         usage = monitor.snapshot()
-        final = sample_tree(self._root) if self.end_reason is None else None
+        final = sample_tree(self._root, self._child.cpu_clock) if self.end_reason is None else None
         if final is not None:  # a cell quicker than the monitor's first poll still counts
             cpu, memory, processes = final
             self._session_cpu = cpu
