@@ -60,9 +60,9 @@ class ChildPlan:
     gid: int | None
     # Where the egress proxy listens inside the child's network namespace (None: no network).
     proxy_port: int | None = None
-    # Paths the child covers with empty mounts before confining itself (those that exist then);
-    # a child that cannot mount refuses to run rather than read them.
-    hidden_paths: list[str] = field(default_factory=list)
+    # Paths the child covers with empty mounts before confining itself (those that exist then),
+    # as names by folder; a child that cannot mount refuses to run rather than read them.
+    hidden_paths: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.

@@ -172,12 +172,33 @@ def _within(path: str, folder: str) -> bool:
     return path.startswith(folder.rstrip("/") + "/")
 
 
-def hide_paths(hidden: list[str], granted: list[str]) -> None:
+def _present(hidden: dict[str, list[str]]) -> list[str]:
+    """The hidden paths that exist now. A folder with many candidates (the credential list
+    in a home) is listed once, which costs less than a stat per name; one with a few (the
+    homes' folder in /tmp) is not, since listing a crowded folder costs more."""
+    present = []
+    for folder, names in hidden.items():
+        if len(names) <= _STAT_EACH_UP_TO:
+            paths = (os.path.join(folder, name) for name in names)
+            present += [path for path in paths if os.path.lexists(path)]
+            continue
+        try:
+            listed = set(os.listdir(folder))
+        except OSError:
+            continue
+        present += [os.path.join(folder, name) for name in names if name in listed]
+    return present
+
+
+_STAT_EACH_UP_TO = 8
+
+
+def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
     """Cover each hidden path that exists now: a folder with an empty tmpfs, anything else with
     /dev/null (both read-only once `view_host_read_only` has run). A granted path inside a
     hidden folder (this sandbox's home, in the folder of every sandbox's home) is bound back
     on top, through a descriptor taken before the cover."""
-    for path in hidden:
+    for path in _present(hidden):
         try:
             is_folder = stat.S_ISDIR(os.stat(path).st_mode)
         except OSError:

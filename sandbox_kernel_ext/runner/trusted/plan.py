@@ -96,17 +96,30 @@ def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(host_reads.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
 
 
-def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...]) -> list[str]:
-    """What the child covers with mounts (those that exist when it starts): /etc's secrets
-    always, and under "read everywhere" the credential list, the sandboxes' homes, Jupyter's
-    runtime folder and the roots reads of which a person approves."""
+def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...]
+                 ) -> dict[str, list[str]]:
+    """What the child covers with mounts (those that exist when it starts), as names by
+    folder: /etc's secrets always, and under "read everywhere" the credential list, the
+    sandboxes' homes, Jupyter's runtime folder and the roots reads of which a person approves."""
     if not hidden_by_mounts():
-        return []
-    hidden = list(etc_secrets())
+        return {}
+    hidden = etc_secrets()
     config = capability.filesystem_config
     if config.mode is not FilesystemMode.none and config.readable_paths is None:
-        hidden += [*denied, *approval_roots(capability)[0]]
-    return list(dict.fromkeys(hidden))
+        hidden += (*denied, *approval_roots(capability)[0])
+    return _by_folder(hidden)
+
+
+@functools.lru_cache(maxsize=16)
+def _by_folder(paths: tuple[str, ...]) -> dict[str, list[str]]:
+    """The child lists each folder once instead of a stat per path (hundreds of candidates,
+    in a few dozen folders, most of which do not exist)."""
+    folders: dict[str, list[str]] = {}
+    for path in dict.fromkeys(paths):
+        folder, name = os.path.split(path)
+        if name:
+            folders.setdefault(folder, []).append(name)
+    return folders
 
 
 def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
@@ -303,7 +316,8 @@ def build_plan(
     homes = os.path.realpath(homes_folder())
     hidden = hidden_paths(capability, denied)
     for path in readable + writable:
-        holds_hidden_homes = path in readable and homes in hidden  # "everywhere" holds /tmp
+        holds_hidden_homes = (path in readable  # "everywhere" holds /tmp
+                              and os.path.basename(homes) in hidden.get(os.path.dirname(homes), ()))
         if is_within(path, homes) or (is_within(homes, path) and not holds_hidden_homes):
             raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
     child_env = child_environment(capability, home, env)
