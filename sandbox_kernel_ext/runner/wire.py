@@ -68,10 +68,6 @@ class ChildPlan:
         # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
-    def rules_key(self) -> str:
-        """What the launcher's prepared Landlock rules for this plan depend on."""
-        return json.dumps([self.read_paths, self.write_paths, self.proxy_port])
-
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChildPlan:
         return cls(**data)

@@ -1,10 +1,11 @@
 """No number of sandboxes, created and destroyed, breaks a manager by exhausting the
 launcher's descriptors (issue 13, section 3).
 
-The launcher prepares each sandbox's Landlock rules by opening every granted path (one
-descriptor per rule). The attack: an agent loop that makes a sandbox per task, each with its
-own few hundred readable files, under the open-file limit most desktop sessions give a
-Jupyter server (1,024), in a fresh process so the limit is really that low.
+The launcher used to prepare each sandbox's Landlock rules by opening every granted path (one
+descriptor per rule), and broke at the fourth sandbox; now each child opens its own. The
+attack: an agent loop that makes a sandbox per task, each with its own few hundred readable
+files, under the open-file limit most desktop sessions give a Jupyter server (1,024), in a
+fresh process so the limit is really that low.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ SCRIPT = textwrap.dedent("""
                 mode="read_only", readable_paths=files))
             sid = manager.create_sandbox(policy)
             exits.append(manager.execute(sid, ["/bin/true"]).exit_code)
-            # The launcher serves messages in order: by now it has released what earlier
-            # sandboxes' destroy() let go, and holds this sandbox's rules at most.
+            # The launcher holds nothing per sandbox: its count stays flat.
             launcher_fds.append(len(os.listdir(f"/proc/{manager.launcher_pid}/fd")))
             exits.append(manager.run_python(sid, "pass").exit_code)
             manager.destroy(sid)

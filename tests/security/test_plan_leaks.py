@@ -1,8 +1,9 @@
 """Nothing of one sandbox's run is readable by another sandbox's process (issue 13, section 3).
 
 Python cells are forks of the launcher and inherit its heap, freed memory included. The
-attack: one sandbox runs a command line (a `--shell` cell is one) holding a token; a cell of
-another sandbox, with no file access at all, scans its own memory for it.
+attacks: one sandbox runs a command line (a `--shell` cell is one) holding a token, or is
+granted a folder named after one; a cell of another sandbox, with no file access at all,
+scans its own memory for it, and for the first sandbox's home name.
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ def test_a_command_line_never_reaches_another_sandboxes_cell(
     assert all(token not in seen for seen in found)
 
 
-def test_the_launcher_is_never_sent_a_command_line(manager: SandboxManager) -> None:
-    """Structural: what the launcher receives for a run carries no argv and no environment
-    values (they arrive on memfds only the child reads)."""
+def test_the_launcher_is_never_sent_a_plan(manager: SandboxManager) -> None:
+    """Structural: what the launcher receives for a run carries nothing of its plan (argv,
+    environment, folders, home): the plan arrives on a memfd only the child reads."""
     from sandbox_kernel_ext.runner.trusted import launcher_client
 
     sent: list[dict] = []
@@ -98,5 +99,40 @@ def test_the_launcher_is_never_sent_a_command_line(manager: SandboxManager) -> N
     finally:
         launcher_client.send_message = original
     spawns = [m for m in sent if m.get("op") == "spawn"]
-    assert spawns and all(m["plan"]["argv"] == [] and m["plan"]["env"] == {} for m in spawns)
+    assert spawns and all(set(m) == {"op", "id", "fds"} and "plan" in m["fds"] for m in spawns)
     assert token not in json.dumps(sent)
+
+
+def test_another_sandboxes_folders_and_home_never_reach_a_cell(manager: SandboxManager) -> None:
+    """The rest of a plan: the folders a sandbox is granted, its home's name, its working
+    folder. The launcher used to parse every plan (to prepare its Landlock rules), so a later
+    cell found them in its inherited heap; now a plan reaches only its own child, on a memfd."""
+    import os
+    import shutil
+    import tempfile
+
+    token = secrets.token_hex(16)
+    folder = tempfile.mkdtemp(prefix=f"{PREFIX}{token}", dir="/tmp")
+    try:
+        first = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+            mode="read_write", writable_paths=[folder], readable_paths=[folder])))
+        first_home = os.path.basename(manager._get(first).home)
+        assert manager.run_python(first, "print(1)", cwd=folder).exit_code == 0
+        assert manager.execute(first, ["/bin/true"], cwd=folder).exit_code == 0
+        manager.destroy(first)
+        other = manager.create_sandbox(CapabilityDeclaration(
+            filesystem_config=FilesystemConfig(mode="none")))
+        try:
+            folders = [json.loads(manager.run_python(other, SCAN).stdout) for _ in range(2)]
+            homes = [json.loads(manager.run_python(other, SCAN_HOMES).stdout) for _ in range(2)]
+        finally:
+            manager.destroy(other)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert all(not any(token in seen for seen in run) for run in folders), folders
+    assert all(first_home not in run for run in homes), (first_home, homes)
+
+
+# The same scan for sandbox home names (`sandbox-<id>-<mkdtemp's suffix>`).
+SCAN_HOMES = SCAN.replace(f"prefix = {PREFIX!r}.encode()", "prefix = b'sandbox-'").replace(
+    r"([0-9a-f]{32})", r"([0-9a-f]{8}-[0-9a-z_]{8})")

@@ -110,12 +110,28 @@ def _hand_over_listener(plan: ChildPlan, fds: dict[str, int]) -> None:
         handoff.close()
 
 
-def run_setup_fork(
-    plan: ChildPlan, fds: dict[str, int], status_w: int, use_userns: bool,
-    rules: landlock.LandlockRuleset | None,
-) -> None:
-    """The setup fork: namespaces, then the confined child's fork; its pid (or the error) goes
-    to the launcher on `status_w`. `rules` are the plan's prepared Landlock rules."""
+def rules_for(plan: ChildPlan) -> landlock.LandlockRuleset | None:
+    """The plan's Landlock rules, paths not yet opened (the confined child opens them as it
+    builds its ruleset, in its own view of the host). None where Landlock is unavailable
+    (the isolation report names that layer as missing)."""
+    rules = landlock.LandlockRuleset()
+    if rules.abi < 1:
+        return None
+    for path in plan.read_paths:
+        rules.allow_read(path)
+    for path in plan.write_paths:
+        rules.allow_write(path)
+    if plan.proxy_port is not None:
+        rules.allow_tcp_connect(plan.proxy_port)  # the proxy is the one TCP port it may reach
+    rules.scope_signals().scope_abstract_unix()
+    return rules
+
+
+def run_setup_fork(fds: dict[str, int], status_w: int, use_userns: bool) -> None:
+    """The setup fork: the plan from its memfd, namespaces, then the confined child's fork;
+    its pid (or the error) goes to the launcher on `status_w`."""
+    plan = ChildPlan.from_json(json.loads(read_to_end(fds.pop("plan"))))
+    rules = rules_for(plan)
     root_without_userns = os.geteuid() == 0 and not use_userns
     if os.geteuid() == 0 and use_userns and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
@@ -293,11 +309,6 @@ def _confine_and_run(
         drop_bounding_set()  # needs the capability the uid change takes away
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
-    # The environment and the command line came on memfds, never through the launcher's memory.
-    if "env" in fds:
-        plan.env = json.loads(read_to_end(fds.pop("env")))
-    if "argv" in fds:
-        plan.argv = json.loads(read_to_end(fds.pop("argv")))
     if "egress" in fds:
         _hand_over_listener(plan, fds)
     ruleset_fd = None

@@ -8,8 +8,9 @@ trusted side a pidfd for it, reaps it as a child subreaper and reports its exit 
 rusage. Its client, on the trusted side, is `trusted/launcher_client.py`.
 
 Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per message:
-  trusted -> launcher  {"op": "spawn", "id": N, "plan": {...}, "fds": [names]} + fds
-                       {"op": "forget", "rules": KEY}  (a destroyed sandbox's prepared rules)
+  trusted -> launcher  {"op": "spawn", "id": N, "fds": [names]} + fds
+                       (the plan is one of the fds, a memfd only the child reads: the
+                       launcher's memory, which every later fork inherits, never holds one)
   launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B}
                        + [pidfd] or [pidfd, CPU clock of the tree]
                        {"op": "failed", "id": N, "error": "..."}
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import select
 import signal
 import socket
@@ -29,25 +29,20 @@ import sys
 from typing import Any
 
 from ..child.bootstrap import report, run_setup_fork
-from ..linux import landlock
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import userns_usable
 from ..linux.syscalls import prctl
-from ..wire import ChildPlan, read_to_end, receive_message, send_message
-from .rulesets import RulesetCache
+from ..wire import read_to_end, receive_message, send_message
 
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def spawn(
-    plan: ChildPlan, fds: dict[str, int], *, use_userns: bool,
-    rules: landlock.LandlockRuleset | None,
-) -> tuple[int, str | None, int | None]:
+def spawn(fds: dict[str, int], *, use_userns: bool) -> tuple[int, str | None, int | None]:
     """Fork the confined child; return (its host pid, or 0, the setup error if any, and the
     tree's CPU clock, or None where perf counters are refused).
 
-    `fds` holds "stdin", "stdout", "stderr" and for Python runs "control" and "payload";
-    `rules` are the plan's prepared Landlock rules. The fork's side is `run_setup_fork`; the
+    `fds` holds "plan", "stdin", "stdout", "stderr" and for Python runs "control" and
+    "payload". The fork's side is `run_setup_fork`, which reads the plan; the
     launcher reaps both forks (it is a child subreaper). The setup fork waits until the clock
     is on it, so that the clock follows every process of the tree from the first.
     """
@@ -60,7 +55,7 @@ def spawn(
             os.close(go_w)
             os.read(go_r, 1)
             os.close(go_r)
-            run_setup_fork(plan, fds, status_w, use_userns, rules)
+            run_setup_fork(fds, status_w, use_userns)
         except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
             report(status_w, f"error setup: {type(exc).__name__}: {exc}")
         os._exit(0)
@@ -89,7 +84,6 @@ class Launcher:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.rulesets = RulesetCache()
         self.use_userns = userns_usable()
         # Without a user namespace only root can make the others (PID one included).
         self.pid_namespaces = self.use_userns or os.geteuid() == 0
@@ -162,8 +156,6 @@ class Launcher:
         data, fds = receive_message(self.sock)
         if not data:
             return False
-        if not fds and self._forget(data):
-            return True
         request_id, pid, error, clock = self._start_child(data, fds)
         try:
             self._answer_spawn(request_id, pid, error, clock)
@@ -194,18 +186,6 @@ class Launcher:
                    [pidfd] if clock is None else [pidfd, clock])
         os.close(pidfd)
 
-    def _forget(self, data: bytes) -> bool:
-        """Release the prepared rules a "forget" message names; False for any other message."""
-        try:
-            message = json.loads(data)
-        except ValueError:
-            return False
-        if not (isinstance(message, dict) and message.get("op") == "forget"
-                and isinstance(message.get("rules"), str)):
-            return False
-        self.rulesets.forget(message["rules"])
-        return True
-
     def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, int, str | None, int | None]:
         """(the request's id, the child's pid or 0, the error, its CPU clock); closes every
         received fd."""
@@ -216,9 +196,7 @@ class Launcher:
             names = request["fds"]
             if len(names) != len(fds):
                 raise ValueError("descriptor count does not match")
-            plan = ChildPlan.from_json(request["plan"])
-            pid, error, clock = spawn(plan, dict(zip(names, fds)), use_userns=self.use_userns,
-                                      rules=self.rulesets.get(plan))
+            pid, error, clock = spawn(dict(zip(names, fds)), use_userns=self.use_userns)
             return request_id, pid, error, clock
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
             return request_id, 0, f"{type(exc).__name__}: {exc}", None
@@ -228,7 +206,6 @@ class Launcher:
 
     def _shut_down(self) -> None:
         """Kill every live child and whatever was reparented to us, then reap them all."""
-        self.rulesets.clear()
         for pid in list(self.live):
             kill_quietly(pid)
         kill_orphans(set())
@@ -256,24 +233,6 @@ def kill_orphans(keep: set[int]) -> None:
             kill_quietly(int(entry))
 
 
-def raise_open_file_limit() -> None:
-    """Let the launcher hold as many descriptors as it may (the soft limit up to the hard
-    one): prepared rules are one descriptor per path. Children set their own limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard
-    if hard == resource.RLIM_INFINITY:
-        try:
-            with open("/proc/sys/fs/nr_open") as nr_open:
-                target = int(nr_open.read())
-        except (OSError, ValueError):
-            return
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (OSError, ValueError):
-            pass
-
-
 def kill_quietly(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -286,7 +245,6 @@ def main() -> None:
     from ..child import cell, session  # noqa: F401 - loaded here once, not by every child
 
     sock = socket.socket(fileno=int(sys.argv[1]))
-    raise_open_file_limit()
     # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
     Launcher(sock).serve()
 

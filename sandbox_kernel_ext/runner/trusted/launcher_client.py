@@ -17,7 +17,7 @@ import threading
 
 from ...policy.errors import SandboxError
 from ..linux.cpu_clock import read_seconds
-from ..wire import ChildPlan, receive_message, send_message
+from ..wire import receive_message, send_message
 
 __all__ = ["LauncherClient", "SpawnedChild", "LAUNCHER_ENV_NAMES"]
 
@@ -146,9 +146,10 @@ class LauncherClient:
         )
         self._reader.start()
 
-    def spawn(self, plan: ChildPlan, fds: dict[str, int]) -> SpawnedChild:
+    def spawn(self, fds: dict[str, int]) -> SpawnedChild:
         """Ask for a child and return at once; `wait_started()` on the result waits for it
-        (so the caller can record it first, and a kill in between is not lost)."""
+        (so the caller can record it first, and a kill in between is not lost). `fds` are
+        the child's descriptors by name, its plan's memfd ("plan") among them."""
         child = SpawnedChild()
         with self._lock:
             if self._sock is None or self._process is None or self._process.poll() is not None:
@@ -157,7 +158,7 @@ class LauncherClient:
             self._next_id += 1
             request_id = self._next_id
             self._pending[request_id] = child
-            message = {"op": "spawn", "id": request_id, "plan": plan.to_json(), "fds": list(fds)}
+            message = {"op": "spawn", "id": request_id, "fds": list(fds)}
             assert self._sock is not None
             try:
                 send_message(self._sock, message, list(fds.values()))
@@ -165,17 +166,6 @@ class LauncherClient:
                 self._pending.pop(request_id, None)
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
         return child
-
-    def forget_rules(self, key: str) -> None:
-        """Let the launcher release the Landlock rules it prepared under `key` (a plan's
-        `rules_key()`); nothing to do when it is not running."""
-        with self._lock:
-            if self._sock is None or self._process is None or self._process.poll() is not None:
-                return
-            try:
-                send_message(self._sock, {"op": "forget", "rules": key})
-            except OSError:
-                pass  # gone: its prepared rules went with it
 
     def _read_loop(self, sock: socket.socket) -> None:
         while True:

@@ -9,7 +9,6 @@ or an interrupt. `start_session` starts a child that serves many cells (`session
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
@@ -74,7 +73,6 @@ class _Sandbox:
     gated: tuple[GatedRoot, ...] = ()  # the path table's roots, resolved (pinned) when made
     egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
     session: PythonSession | None = None  # the session its child serves, if it is one
-    rules_keys: set[str] = field(default_factory=set)  # its plans' prepared rules, to release
     disk: DiskQuota | None = None  # its writable folders and home, when file_limits has a quota
 
 
@@ -204,8 +202,6 @@ class SandboxManager:
             self._sandboxes.pop(sandbox_id, None)
         if sandbox.proxy is not None:
             sandbox.proxy.close()
-        for key in sandbox.rules_keys:  # the launcher's descriptors for its rules
-            self._launcher.forget_rules(key)
         shutil.rmtree(sandbox.home, ignore_errors=True)
 
     def close(self) -> None:
@@ -453,15 +449,12 @@ class SandboxManager:
         """Start the child and wait until it runs; (the child, its start, the proxy's
         listener in its namespace). A failure or an interrupt while it starts kills it: it
         must not run on unwatched."""
-        # Values (API keys the policy lets through) and the command line (a shell cell's
-        # whole script) go on memfds: a plan passes through the launcher's memory, which
-        # every later fork, another sandbox's cell included, inherits.
-        plumbing.child_ends["env"] = memfd("sandbox-env", json.dumps(plan.env).encode())
-        plumbing.child_ends["argv"] = memfd("sandbox-argv", json.dumps(plan.argv).encode())
+        # The whole plan (its folders, home, environment values, command line) goes on a
+        # memfd that only the child reads: the launcher's memory is inherited by every later
+        # fork, another sandbox's cell included, so nothing of a plan may pass through it.
+        plumbing.child_ends["plan"] = memfd("sandbox-plan", json.dumps(plan.to_json()).encode())
         started = time.monotonic()
-        sandbox.rules_keys.add(plan.rules_key())
-        child = self._launcher.spawn(dataclasses.replace(plan, env={}, argv=[]),
-                                     plumbing.child_ends)
+        child = self._launcher.spawn(plumbing.child_ends)
         sandbox.child = child  # from here on, kill() and destroy() reach it
         try:
             child.wait_started()
