@@ -1,8 +1,7 @@
 """SandboxManager, run_python, sandbox-run and the launcher, driven for real (no mocks).
 
-The confined child keeps the tests' uid (root's, when they run as root, in a user namespace
-with no capability); folders handed to a sandbox are made under /tmp, open to every uid, so
-the tests also hold for a manager whose children run as 65534.
+The confined child runs as uid 65534 when the tests run as root, so every folder handed to
+a sandbox is made under /tmp with modes that uid can use.
 
 Other sandboxes (another engineer's tests, a notebook) may run on this host at the same time, so "nothing is left running" counts only the processes the test itself started; see
 `leftovers.py`."""
@@ -50,8 +49,8 @@ def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:
     return CapabilityDeclaration(filesystem_config=fs, resource_limits=ResourceLimits(**limits))
 
 
-# The sandbox's uid: ours, root's included (see `default_child_uid`).
-SANDBOX_UID = os.getuid()
+# The sandbox's uid: children drop to 65534 when the tests run as root, else keep ours.
+SANDBOX_UID = 65534 if os.geteuid() == 0 else os.getuid()
 # Set in the environment of what a test starts (`env=` of a run, or of a subprocess), so that
 # its processes are known as ours even after they leave our process tree.
 MARKER_NAME = "SBX_RUNNER_SUITE"
@@ -185,13 +184,16 @@ def test_errors_name_the_problem(manager: SandboxManager, shared_dir: Path) -> N
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root's children have a uid check")
 def test_root_refuses_a_writable_root_the_child_cannot_write(manager: SandboxManager, shared_dir: Path) -> None:
-    """The child is root with no capability: another user's 0755 folder is not its to write."""
-    os.chown(shared_dir, 65534, 65534)
+    """Root's 0755 folder is not 65534's to write; with child_uid=0 (root with no capability)
+    it is, and another user's is not."""
     os.chmod(shared_dir, 0o755)
-    with pytest.raises(SandboxError, match="not writable by uid 0"):
+    with pytest.raises(SandboxError, match="not writable by uid 65534"):
         manager.create_sandbox(_policy(shared_dir))
-    with SandboxManager(child_uid=65534) as as_nobody:  # the fallback identity may write it
-        as_nobody.destroy(as_nobody.create_sandbox(_policy(shared_dir)))
+    with SandboxManager(child_uid=0) as as_root:
+        as_root.destroy(as_root.create_sandbox(_policy(shared_dir)))
+        os.chown(shared_dir, 65534, 65534)
+        with pytest.raises(SandboxError, match="not writable by uid 0"):
+            as_root.create_sandbox(_policy(shared_dir))
 
 
 def test_list_destroy_and_lifecycle() -> None:

@@ -26,6 +26,9 @@ pytestmark = pytest.mark.skipif(
     not plan.hidden_by_mounts(), reason="no mount namespace here: the enumerated rules hold"
 )
 
+# Root's own uid under a root kernel, so that file permissions (of /root, of mkdtemp's folders)
+# are not what decides here: the rules and the covers are.
+AS_KERNEL = {"child_uid": 0} if os.geteuid() == 0 else {}
 EVERYWHERE = CapabilityDeclaration(
     filesystem_config=FilesystemConfig(mode="read_only", readable_paths=None))
 
@@ -52,7 +55,7 @@ def late_folders() -> Iterator[list[Path]]:
 
 
 def test_a_folder_made_later_is_readable_at_the_next_run(late_folders: list[Path]) -> None:
-    with SandboxManager() as manager:
+    with SandboxManager(**AS_KERNEL) as manager:
         sid = manager.create_sandbox(EVERYWHERE)
         assert manager.run_python(sid, "print('first')").exit_code == 0
         # beside a denied path (the old rules listed /root's entries as they were) and elsewhere
@@ -105,7 +108,7 @@ def test_a_crowded_etc_costs_no_rules_and_its_secret_stays_hidden(crowded_etc: P
     plan.etc_secrets.cache_clear()
     assert len(crowded) == len(plain), (len(crowded), len(plain))
     assert not any(path.startswith(str(crowded_etc)) for path in crowded)
-    with SandboxManager() as manager:
+    with SandboxManager(**AS_KERNEL) as manager:
         result = manager.run_python(manager.create_sandbox(EVERYWHERE), _read(
             [str(crowded_etc / "profile-1.conf"), str(crowded_etc / "service.key")]))
     assert result.exit_code == 0, result.stderr

@@ -133,3 +133,39 @@ def test_a_store_planted_after_the_sandbox_was_made_is_hidden_too(
     seen = json.loads(result.stdout)
     assert seen[str(late[0])] == "SECRET late\n"  # not a credential store: readable
     assert seen[str(late[1])] in DENIED_OUTCOMES, seen
+
+
+def test_a_folder_the_policy_names_is_searched_for_stores_too(
+    manager: SandboxManager, planted_home: Path
+) -> None:
+    """A policy that names a home (not "everywhere") gets the home, not the keys in it."""
+    planted = sorted(str(p) for p in planted_home.rglob("*") if p.is_file())
+    sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=[str(planted_home)])))
+    try:
+        result = manager.run_python(sid, f"paths = {planted!r}\n" + CODE)
+    finally:
+        manager.destroy(sid)
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen.pop(str(planted_home / "notes.txt")) == "public notes\n"
+    assert {path: text for path, text in seen.items() if text.startswith("SECRET")} == {}
+
+
+@pytest.mark.skipif(not hidden_by_mounts(), reason="no mounts to hide with here")
+def test_a_store_the_policy_names_itself_is_granted(
+    manager: SandboxManager, planted_home: Path
+) -> None:
+    """Naming a store (a writable ~/.ipython for a sandboxed IPython) grants it: it is not
+    hidden, and what the cell writes there lands on the host."""
+    profile = planted_home / ".ipython"
+    profile.chmod(0o777)
+    sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_write", writable_paths=[str(profile)], readable_paths=[])))
+    try:
+        result = manager.run_python(
+            sid, f"open({str(profile / 'written')!r}, 'w').write('kept')")
+    finally:
+        manager.destroy(sid)
+    assert result.exit_code == 0, result.stderr
+    assert (profile / "written").read_text() == "kept"

@@ -97,3 +97,95 @@ def test_what_was_there_before_does_not_count(shared_dir: Path) -> None:
         result = manager.run_python(sid, f"open({str(shared_dir / 'small')!r}, 'w').write('ok')")
         assert result.exit_code == 0 and result.killed is None, result
         assert result.resource_usage["disk_bytes"] < QUOTA
+
+
+DEEP = r"""
+import os
+os.chdir(os.environ["HOME"])
+for level in range(20):                 # a path far past PATH_MAX (4,096 bytes)
+    name = f"d{level}" + "x" * 246
+    os.mkdir(name)
+    os.chdir(name)
+for index in range(30):                 # 30 × 512 KiB, by relative path: 15 MB
+    with open(f"f{index}", "wb") as handle:
+        handle.write(b"x" * 524288)
+    import time; time.sleep(0.02)
+print("all written")
+"""
+
+
+def test_files_below_path_max_are_counted(shared_dir: Path) -> None:
+    """Found in review: the walk went by full path and skipped what lies past PATH_MAX, so a
+    cell stored 271 MB under a 10 MB quota there. It goes by folder descriptor now."""
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(_policy(shared_dir))
+        result = manager.run_python(sid, DEEP, timeout=60)
+        assert result.killed is not None and "disk quota" in result.killed, result
+        with pytest.raises(SandboxError, match="disk quota exceeded"):
+            manager.run_python(sid, "print('again')")
+
+
+KEEP_SIZE = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(os.path.join(FOLDER, "reserved"), os.O_CREAT | os.O_WRONLY, 0o644)
+result = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(1 << 30))  # KEEP_SIZE, 1 GiB
+print("reserved" if result == 0 else errno.errorcode[ctypes.get_errno()])
+os.close(fd)
+"""
+
+
+def test_blocks_beyond_the_size_cannot_be_reserved(shared_dir: Path) -> None:
+    """Found in review: fallocate(FALLOC_FL_KEEP_SIZE) allocates past RLIMIT_FSIZE (3 GB in
+    one call under a 10 MB quota); it is refused as not supported, and nothing is kept."""
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_policy(shared_dir))
+        result = manager.run_python(sid, KEEP_SIZE, inputs={"FOLDER": str(shared_dir)})
+    assert result.stdout.strip() in ("EOPNOTSUPP", "ENOTSUP"), result  # one number on Linux
+    assert os.lstat(shared_dir / "reserved").st_blocks == 0
+
+
+def test_a_writable_file_is_counted(shared_dir: Path) -> None:
+    """Found in review: a writable root that is one file was never counted."""
+    target = shared_dir / "data.bin"
+    target.write_bytes(b"")
+    target.chmod(0o666)
+    policy = CapabilityDeclaration(
+        filesystem_config=FilesystemConfig(mode="read_write", writable_paths=[str(target)]),
+        file_limits=FileLimits(max_total_bytes=QUOTA))
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, f"""
+import time
+with open({str(target)!r}, 'ab') as handle:
+    for _ in range(40):
+        handle.write(b'x' * 262144)
+        handle.flush()
+        time.sleep(0.02)
+""", timeout=60)
+    # stopped at the quota's edge by RLIMIT_FSIZE, or killed past it: never more stored
+    assert (result.killed is not None and "disk quota" in result.killed) or (
+        "File too large" in result.stderr), result
+    assert target.stat().st_size <= QUOTA
+
+
+UNNAMED = r"""
+import os, time
+held = []
+for index in range(30):                 # 30 × 512 KiB that never had a name
+    fd = os.open(FOLDER, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    os.write(fd, b"x" * 524288)
+    held.append(fd)
+    time.sleep(0.02)
+time.sleep(1)
+print("all held")
+"""
+
+
+def test_files_held_open_without_a_name_are_counted(shared_dir: Path) -> None:
+    """Found in review: 270 MB in O_TMPFILE files (or unlinked while open) showed as 0."""
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(_policy(shared_dir))
+        result = manager.run_python(sid, UNNAMED, inputs={"FOLDER": str(shared_dir)},
+                                    timeout=60)
+    assert result.killed is not None and "disk quota" in result.killed, result

@@ -113,6 +113,7 @@ def test_another_sandboxes_folders_and_home_never_reach_a_cell(manager: SandboxM
 
     token = secrets.token_hex(16)
     folder = tempfile.mkdtemp(prefix=f"{PREFIX}{token}", dir="/tmp")
+    os.chmod(folder, 0o777)  # whatever uid the child has
     try:
         first = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
             mode="read_write", writable_paths=[folder], readable_paths=[folder])))

@@ -1,10 +1,11 @@
-"""A root kernel's children run as root, in a user namespace, with nothing root could do.
+"""A root kernel's children as root (`child_uid=0`), in a user namespace, with nothing root
+could do.
 
-Root kernels are common (Colab, most Docker images). Their children used to drop to uid 65534,
-so a folder from `mkdtemp` was refused as a writable root, an interpreter under /root could not
-start, and the files a sandbox made belonged to nobody. Now the child keeps uid 0 inside a user
-namespace with every capability set and the bounding set empty, and these tests try what being
-root could still be good for: capabilities regained by exec, kernel settings under /proc (whose
+Root kernels are common (Colab, most Docker images). Their children drop to uid 65534 by
+default, so a folder from `mkdtemp` is refused as a writable root, an interpreter under /root
+cannot start, and the files a sandbox makes belong to nobody. `child_uid=0` keeps uid 0 inside
+a user namespace with every capability set and the bounding set empty, and these tests try what
+being root could still be good for: capabilities regained by exec, kernel settings under /proc (whose
 file modes let root write them), raw disks (root's by their modes), root's 0600 files outside
 the grants, signals to root's processes. File permissions stop none of these for uid 0: each
 must be stopped by the namespaces, the read-only mounts, Landlock or seccomp.
@@ -46,16 +47,18 @@ def _capability(writable: list[str], readable: list[str] | None) -> CapabilityDe
         readable_paths=readable))
 
 
-def test_the_default_identity_is_root_in_a_user_namespace() -> None:
-    assert default_child_uid() == 0  # this host allows user namespaces, as CI's does
+def test_the_default_identity_is_65534_and_root_is_asked_for() -> None:
+    """File permissions keep root's private files from a default child; root's own uid is a
+    choice, and the report says what it costs."""
+    assert default_child_uid() == 65534
     from sandbox_kernel_ext import isolation_report
 
-    assert "every capability dropped" in isolation_report()["child_identity"]
+    assert "child_uid=0" in isolation_report()["child_identity"]
 
 
 def test_a_root_folder_is_writable_and_what_the_cell_makes_is_roots(root_folder: Path) -> None:
     assert stat.S_IMODE(root_folder.stat().st_mode) == 0o700 and root_folder.stat().st_uid == 0
-    with SandboxManager() as manager:
+    with SandboxManager(child_uid=0) as manager:
         sid = manager.create_sandbox(_capability([str(root_folder)], []))
         result = manager.run_python(sid, f"""
 import os, subprocess
@@ -90,7 +93,7 @@ def test_a_program_under_root_home_runs(tmp_path: Path) -> None:
         program = folder / "tool"
         program.write_text("#!/bin/sh\necho ran from /root\n")
         program.chmod(0o700)
-        with SandboxManager() as manager:
+        with SandboxManager(child_uid=0) as manager:
             sid = manager.create_sandbox(_capability([], [str(folder)]))
             result = manager.execute(sid, [str(program)])
         assert result.exit_code == 0, result.stderr
@@ -107,7 +110,7 @@ def test_kernel_settings_cannot_be_written(root_folder: Path) -> None:
     """core_pattern would run a program as the host's root; every sysctl's mode lets root write."""
     before = {path: Path(path).read_text() for path in KERNEL_SETTINGS
               if os.access(path, os.R_OK) and path != "/proc/sysrq-trigger"}
-    with SandboxManager() as manager:
+    with SandboxManager(child_uid=0) as manager:
         sid = manager.create_sandbox(_capability([str(root_folder)], None))  # read everywhere
         result = manager.run_python(sid, f"""
 import errno, os
@@ -152,7 +155,7 @@ def test_raw_disks_and_roots_private_files_stay_closed(root_folder: Path) -> Non
     secret.chmod(0o600)
     device = _block_device()
     try:
-        with SandboxManager() as manager:
+        with SandboxManager(child_uid=0) as manager:
             narrow = manager.create_sandbox(_capability([str(root_folder)], []))
             everywhere = manager.create_sandbox(_capability([str(root_folder)], None))
             code = f"""
@@ -179,7 +182,7 @@ for path in {[str(secret), device] if device else [str(secret)]!r}:
 def test_roots_processes_outside_cannot_be_signalled(root_folder: Path) -> None:
     victim = subprocess.Popen(["sleep", "60"])
     try:
-        with SandboxManager() as manager:
+        with SandboxManager(child_uid=0) as manager:
             sid = manager.create_sandbox(_capability([str(root_folder)], None))
             result = manager.run_python(sid, f"""
 import errno, os, signal
@@ -233,6 +236,11 @@ with SandboxManager() as m:
     sid = m.create_sandbox(CapabilityDeclaration())
     r = m.run_python(sid, "import os\\nprint(os.getuid(), [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapBnd', 'CapPrm', 'CapEff'))])")
     print("child:", r.exit_code, r.stdout.strip(), r.stderr[-300:])
+try:
+    SandboxManager(child_uid=0)
+    print("root child: allowed")
+except Exception as exc:
+    print("root child:", type(exc).__name__, "needs user namespaces" in str(exc))
 """
 
 
@@ -252,3 +260,5 @@ def test_without_user_namespaces_a_root_kernels_child_keeps_no_capability(tmp_pa
     assert "identity: unprivileged uid 65534" in done.stdout, done.stdout
     zero = "0000000000000000"
     assert f"child: 0 65534 ['{zero}', '{zero}', '{zero}']" in done.stdout, done.stdout
+    # root with no user namespace to hold it keeps what only namespaces take away: refused
+    assert "root child: SandboxError True" in done.stdout, done.stdout

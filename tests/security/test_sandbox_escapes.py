@@ -11,8 +11,8 @@ fork, namespaces, rlimits, Landlock, seccomp) and asserts three things:
    holds the same number of descriptors as before, and no process of the child's uid and ours
    survives.
 
-The whole module runs twice, once per identity a root kernel's child can have: root's own uid
-in a user namespace (the default) and 65534 (where user namespaces are refused).
+The whole module runs twice, once per identity a root kernel's child can have: 65534 (the
+default) and root's own uid in a user namespace (`child_uid=0`).
 
 The targets are chosen so that plain file permissions would ALLOW each attack (world-readable
 canaries, world-writable folders, files owned by the child's uid): a failure means confinement
@@ -59,10 +59,10 @@ from sandbox_kernel_ext.runner.linux.landlock import landlock_abi
 from sandbox_kernel_ext.runner.trusted.manager import SandboxManager
 
 NOBODY = 65534
-# Both identities a root kernel's child can have: root's own (the default, in a user namespace
-# with no capability) and 65534 (the fallback where user namespaces are refused). The world's
-# files belong to the child's uid, so file permissions let it do every attack.
-IDENTITIES = {"kernel-uid": None, "uid-65534": NOBODY}
+# Both identities a root kernel's child can have: 65534 (the default) and root's own
+# (`child_uid=0`, in a user namespace with no capability). The world's files belong to the
+# child's uid, so file permissions let it do every attack.
+IDENTITIES = {"uid-65534": NOBODY, "root-in-userns": 0}
 ABI = landlock_abi()
 MARKER_NAME = "SBX_ESCAPE_SUITE"
 MARKER = f"escape-{uuid.uuid4().hex[:12]}"

@@ -210,7 +210,13 @@ def _path_text(file: Any) -> str | None:
     if isinstance(file, int) or not isinstance(file, (str, bytes, os.PathLike)):
         return None
     path = os.fsdecode(os.fspath(file))
-    return os.path.normpath(os.path.join(os.getcwd(), path))
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a working folder past PATH_MAX: the open goes to the kernel's rules alone
+        return None
+    return os.path.normpath(os.path.join(cwd, path))
 
 
 def _mode_flags(mode: str) -> int:

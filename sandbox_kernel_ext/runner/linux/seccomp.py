@@ -82,6 +82,8 @@ TIOCLINUX = 0x541C
 MSG_FASTOPEN = 0x20000000
 S_ISUID = 0o4000
 S_ISGID = 0o2000
+S_IRUSR, S_IXUSR = 0o400, 0o100
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x1, 0x2
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,8 @@ ARCHES: dict[str, _Arch] = {
         "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68,
         "semget": 64, "vmsplice": 278, "chmod": 90, "fchmod": 91, "fchmodat": 268,
         "fchmodat2": 452, "creat": 85, "open": 2, "openat": 257, "openat2": 437, "mkdir": 83,
-        "mkdirat": 258, "mknod": 133, "mknodat": 259,
+        "mkdirat": 258, "mknod": 133, "mknodat": 259, "umask": 95, "setxattr": 188,
+        "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463, "fallocate": 285,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -125,7 +128,8 @@ ARCHES: dict[str, _Arch] = {
         "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "msgget": 186,
         "semget": 190, "vmsplice": 75, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452,
-        "openat": 56, "openat2": 437, "mkdirat": 34, "mknodat": 33,
+        "openat": 56, "openat2": 437, "mkdirat": 34, "mknodat": 33, "umask": 166,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463, "fallocate": 47,
     }),
 }
 # The old path calls that aarch64 never had (its libc uses the *at forms): a rule naming one
@@ -272,6 +276,12 @@ _MODE_ARGUMENT = (
 )
 
 
+# Calls that give a file its mode (not mkdir's: a folder's x bit is search, not exec).
+_FILE_MODE_ARGUMENT = tuple(entry for entry in _MODE_ARGUMENT if not entry[0].startswith("mkdir"))
+_NOT_DUMPABLE = ("a program its owner may run but not read makes whoever execs it non-dumpable, "
+                 "and Linux then stops the perf clock that counts the tree's CPU")
+
+
 def _socket_rules(
     syscall: str, families: frozenset[int], inet_tcp_only: bool
 ) -> tuple[Rule, ...]:
@@ -327,6 +337,19 @@ def build_rules(
                why="a set-user-ID or set-group-ID program left on the host runs as the child's "
                    "uid (root, under a root kernel) for whoever starts it")
           for name, index in _MODE_ARGUMENT),
+        *(deny(name, ArgIn(index, (S_IXUSR,), mask=S_IRUSR | S_IXUSR), why=_NOT_DUMPABLE)
+          for name, index in _FILE_MODE_ARGUMENT),
+        deny("umask", ArgHasBits(0, S_IRUSR), why=_NOT_DUMPABLE + " (a umask can take the read "
+                                                             "bit from every file made after)"),
+        *(deny(name, code=errno.EOPNOTSUPP,
+               why="an ACL can take its owner's read bit from a program, as chmod could; "
+                   "extended attributes read as not supported, which copying tools expect")
+          for name in ("setxattr", "lsetxattr", "fsetxattr", "setxattrat")),
+        deny("fallocate", ArgIn(1, (FALLOC_FL_KEEP_SIZE,),
+                                mask=FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE),
+             code=errno.EOPNOTSUPP,
+             why="blocks kept beyond a file's size escape RLIMIT_FSIZE: one call could fill the "
+                 "disk; callers fall back to writing"),
         deny("openat2", code=errno.ENOSYS,
              why="openat2 passes its mode in memory, where BPF cannot look; on ENOSYS programs "
                  "fall back to openat, whose mode the rule above inspects"),

@@ -2,12 +2,18 @@
 
 The file toolset counts its own writes (`files/storage_ledger.py`); a confined child writes
 with plain syscalls, which nothing on the way counts, and without a cgroup or a filesystem
-quota of our own Linux has no per-tree disk budget. So the monitor measures: the blocks
-allocated under the sandbox's writable folders and its home, walked, against what they held
-when the sandbox was made. Each walk is timed and the next one waits at least twenty times as
-long, so a large folder costs at most a twentieth of a core; what a cell writes between two
-walks can pass the quota by that much before the kill (each file is held to
-`max_file_size_mb` by RLIMIT_FSIZE all along).
+quota of our own Linux has no per-tree disk budget. So the trusted side measures: the blocks
+allocated under the sandbox's writable folders and its home, walked, plus files the tree holds
+open with no name left (unlinked, or made with O_TMPFILE), against what the folders held when
+the sandbox was made.
+
+The walk goes by directory descriptor (`os.fwalk`): no path is too long for it, and no folder
+swapped for a symlink leads it elsewhere. A folder it cannot list that it could list when the
+sandbox was made counts as over the quota: what it holds cannot be known. Walks run on a
+thread of their own, each timed, the next one at least twenty times as long after, so a large
+folder costs at most a twentieth of a core and never holds up the monitor's other checks; what
+a cell writes between two walks can pass the quota by that much before the kill (each file is
+held to what is left by RLIMIT_FSIZE all along).
 """
 
 from __future__ import annotations
@@ -16,43 +22,74 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-__all__ = ["DiskQuota", "stored_bytes"]
+__all__ = ["DiskQuota", "Usage", "measure"]
 
 # The next walk waits at least this many times as long as the last one took.
 _COST_FACTOR = 20
 
 
-def stored_bytes(folders: Iterable[str]) -> int:
-    """Bytes allocated to everything under `folders` (each inode once; no symlink followed,
-    no other filesystem entered)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
+class Usage:
+    """One measurement: bytes allocated, and the folders that could not be listed."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.unlisted: set[str] = set()
+        self._seen: set[tuple[int, int]] = set()
+
+    def count(self, info: os.stat_result) -> None:
+        if (info.st_dev, info.st_ino) not in self._seen:
+            self._seen.add((info.st_dev, info.st_ino))
+            self.bytes += info.st_blocks * 512
+
+
+def measure(folders: Iterable[str], open_files: Iterable[str] = ()) -> Usage:
+    """Blocks under `folders` (each inode once; no symlink followed, no other filesystem
+    entered; a top that is a file counts as itself) and of the `open_files` (paths of
+    /proc/PID/fd entries) that have no name left on those folders' filesystems."""
+    usage = Usage()
+    devices = set()
     for top in folders:
         try:
-            device = os.lstat(top).st_dev
+            info = os.lstat(top)
+        except OSError:
+            usage.unlisted.add(top)
+            continue
+        devices.add(info.st_dev)
+        usage.count(info)
+        if stat.S_ISDIR(info.st_mode):
+            _walk(top, info.st_dev, usage)
+    for link in open_files:
+        try:
+            info = os.stat(link)  # follows the descriptor to its file, named or not
         except OSError:
             continue
-        pending = [top]
-        while pending:
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev in devices:
+            usage.count(info)
+    return usage
+
+
+def _walk(top: str, device: int, usage: Usage) -> None:
+    def unlisted(error: OSError) -> None:
+        usage.unlisted.add(error.filename or top)
+
+    for folder, dirs, files, folder_fd in os.fwalk(top, onerror=unlisted):
+        keep = []
+        for name in dirs:
             try:
-                entries = os.scandir(pending.pop())
+                info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
             except OSError:
-                continue  # removed meanwhile, or not ours to list
-            with entries:
-                for entry in entries:
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if (info.st_dev, info.st_ino) in seen:
-                        continue
-                    seen.add((info.st_dev, info.st_ino))
-                    total += info.st_blocks * 512
-                    if stat.S_ISDIR(info.st_mode) and info.st_dev == device:
-                        pending.append(entry.path)
-    return total
+                continue
+            usage.count(info)
+            if info.st_dev == device:
+                keep.append(name)
+        dirs[:] = keep
+        for name in files:
+            try:
+                usage.count(os.stat(name, dir_fd=folder_fd, follow_symlinks=False))
+            except OSError:
+                continue
 
 
 class DiskQuota:
@@ -63,22 +100,50 @@ class DiskQuota:
         self.limit = limit
         self._lock = threading.Lock()
         started = time.monotonic()
-        self.baseline = stored_bytes(self.folders)
+        baseline = measure(self.folders)
+        self.baseline = baseline.bytes
+        self._unlisted_before = baseline.unlisted  # not ours to list from the start
         self.added = 0  # at the last walk
+        self.unlisted: set[str] = set()
         self._next_walk = started + _COST_FACTOR * (time.monotonic() - started)
+        self._walking: threading.Thread | None = None
 
-    def walk_if_due(self, min_interval: float, *, now_anyway: bool = False) -> int:
-        """Bytes added since the sandbox was made, walked again when the last walk is old
-        enough (else the last figure) or `now_anyway`."""
+    def measure_now(self, open_files: Callable[[], list[str]] = list) -> int:
+        """Walk now (on the caller's thread) and return the bytes added."""
+        started = time.monotonic()
+        usage = measure(self.folders, open_files())
         with self._lock:
-            now = time.monotonic()
-            if now_anyway or now >= self._next_walk:
-                self.added = stored_bytes(self.folders) - self.baseline
-                took = time.monotonic() - now
-                self._next_walk = now + max(min_interval, _COST_FACTOR * took)
+            self.added = usage.bytes - self.baseline
+            self.unlisted = usage.unlisted - self._unlisted_before
+            self._next_walk = time.monotonic() + _COST_FACTOR * (time.monotonic() - started)
+            return self.added
+
+    def measure_if_due(self) -> int:
+        """Walk now if the last walk is old enough (on the caller's thread), else its figure."""
+        with self._lock:
+            due = time.monotonic() >= self._next_walk
+            added = self.added
+        return self.measure_now() if due else added
+
+    def walk_if_due(self, min_interval: float, open_files: Callable[[], list[str]] = list) -> int:
+        """The bytes added at the last walk; starts another walk on its own thread when the
+        last one is old enough (at least `min_interval`, and twenty times its cost)."""
+        with self._lock:
+            due = time.monotonic() >= self._next_walk
+            busy = self._walking is not None and self._walking.is_alive()
+            if due and not busy:
+                self._next_walk = time.monotonic() + min_interval
+                self._walking = threading.Thread(target=self.measure_now, args=(open_files,),
+                                                 name="sandbox-disk-walk", daemon=True)
+                self._walking.start()
             return self.added
 
     def exceeded(self, added: int) -> str | None:
+        with self._lock:
+            unlisted = sorted(self.unlisted)
+        if unlisted:
+            return (f"disk quota cannot be measured: {unlisted[0]} can no longer be listed "
+                    "(what it holds would count against file_limits.max_total_bytes)")
         if added <= self.limit:
             return None
         return (f"disk quota exceeded: {added:,} bytes added to its writable folders and home, "

@@ -18,7 +18,7 @@ from ...policy.models import SandboxTier
 from ..linux import landlock, seccomp
 
 __all__ = ["isolation_report", "missing_layers", "check_tier", "default_child_uid",
-           "read_only_view_available"]
+           "read_only_view_available", "user_namespaces"]
 
 NOBODY_UID = 65534
 
@@ -40,6 +40,11 @@ def read_only_view_available() -> bool:
     from ..linux.namespaces import mount_setattr_available
 
     return mount_setattr_available()
+
+
+def user_namespaces() -> bool:
+    """Whether this process may make a user namespace (probed once)."""
+    return _userns()
 
 
 def network_namespaces() -> bool:
@@ -64,19 +69,19 @@ def _paranoid() -> str:
 
 
 def default_child_uid() -> int:
-    """Under a root kernel: root's own uid inside a user namespace, where no capability it had
-    outside holds; where user namespaces are refused, 65534, since uid 0 in the host's own
-    namespace would keep whatever the namespaces could not take away."""
-    return os.geteuid() if _userns() else NOBODY_UID
+    """Under a root kernel, 65534: file permissions then keep root's private files (logs,
+    debconf's passwords, 0600 files anywhere) from a sandbox that reads "everywhere". Root's
+    own uid (`SandboxManager(child_uid=0)`, in a user namespace with every capability
+    dropped) makes root's folders and interpreter just work, but reads all of those."""
+    return NOBODY_UID
 
 
 def _child_identity() -> str:
     if os.name != "posix" or os.geteuid() != 0:
         return "the Jupyter kernel's own uid in a user namespace"
-    if default_child_uid() == 0:
-        return ("root, the Jupyter kernel's own uid, in a user namespace with every capability "
-                "dropped (set-user-ID modes refused)")
-    return "unprivileged uid 65534 (the Jupyter kernel runs as root; user namespaces are refused)"
+    return ("unprivileged uid 65534 (the Jupyter kernel runs as root; child_uid=0 runs children "
+            "as root in a user namespace with every capability dropped, which reads root's "
+            "private files)")
 
 
 def isolation_report() -> dict[str, Any]:

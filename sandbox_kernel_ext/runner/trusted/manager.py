@@ -34,7 +34,13 @@ from .control import CellEvents, ControlChannel, InputCallback
 from .disk_quota import DiskQuota
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
-from .isolation import check_tier, default_child_uid, missing_layers, network_namespaces
+from .isolation import (
+    check_tier,
+    default_child_uid,
+    missing_layers,
+    network_namespaces,
+    user_namespaces,
+)
 from .launcher_client import LauncherClient, SpawnedChild
 from .monitor import ResourceMonitor
 from .plan import (
@@ -79,11 +85,12 @@ class _Sandbox:
 class SandboxManager:
     """Create, run and destroy sandboxes whose children the operating system confines.
 
-    `child_uid`: the uid a child runs as when this process runs as root. By default it is
-    root's own (so the user's folders and an interpreter under /root just work, and what a
-    child creates belongs to the user), in a user namespace with every capability dropped;
-    where user namespaces are refused, 65534 ("nobody"). Writable folders must be writable
-    by that uid.
+    `child_uid`: the uid a child runs as when this process runs as root: 65534 ("nobody") by
+    default, so file permissions keep root's private files from it. `child_uid=0` keeps
+    root's own uid in a user namespace with every capability dropped (where user namespaces
+    are refused, 0 is not allowed): root's folders and an interpreter under /root just work
+    and what a child creates belongs to root, but a sandbox reading "everywhere" reads
+    root's private files. Writable folders must be writable by that uid.
     `monitor_interval`: seconds between samples of the process tree (default 0.25; read at
     each run, so it may be changed between runs).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
@@ -113,6 +120,9 @@ class SandboxManager:
         self.child_uid = (
             (child_uid if child_uid is not None else default_child_uid()) if self._is_root else None
         )
+        if self.child_uid == 0 and not user_namespaces():
+            raise SandboxError("child_uid=0 needs user namespaces, which this host refuses: "
+                               "root without one would keep what only namespaces take away")
         self.broker = broker if broker is not None else ApprovalBroker()  # the process default decides
         self._egress_resolver = egress_resolver
         self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
@@ -378,9 +388,9 @@ class SandboxManager:
         disk = sandbox.disk
         if disk is None:
             return None
-        added = disk.walk_if_due(self.monitor_interval)
+        added = disk.added
         if disk.exceeded(added):  # over by the last walk: files may have been deleted since
-            added = disk.walk_if_due(self.monitor_interval, now_anyway=True)
+            added = disk.measure_now()
         reason = disk.exceeded(added)
         if reason is not None:
             raise SandboxError(f"{reason}: delete files in {', '.join(disk.folders)} (or raise "
@@ -603,7 +613,7 @@ class SandboxManager:
         `usage`, keep it as the sandbox's last, and return (stdout, stderr)."""
         usage["wall_seconds"] = round(time.monotonic() - started, 4)
         if sandbox.disk is not None:  # a run quicker than the monitor's first walk counts too
-            usage["disk_bytes"] = sandbox.disk.walk_if_due(0.0)
+            usage["disk_bytes"] = sandbox.disk.measure_if_due()
         if sandbox.proxy is not None:
             for name, count in sandbox.proxy.counts.items():
                 usage[f"egress_{name}"] = count - egress_before.get(name, 0)

@@ -300,7 +300,7 @@ class ResourceMonitor:
 
     def _poll(self) -> None:
         if self._disk is not None:
-            added = self._disk.walk_if_due(self._interval)
+            added = self._disk.walk_if_due(self._interval, lambda: tree_open_files(self._root))
             with self._lock:
                 self._disk_bytes = added
         sample = sample_tree(self._root, self._cpu_clock)
@@ -387,6 +387,18 @@ def _sample_proc(root: psutil.Process, pids: list[int]) -> tuple[float, float, i
         cpu_ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
         rss_pages += int(fields[21])
     return cpu_ticks / _TICKS, rss_pages * _PAGE / _MIB, processes
+
+
+def tree_open_files(root: psutil.Process | None) -> list[str]:
+    """/proc/PID/fd/N of every descriptor the tree holds (the disk quota counts the files
+    among them that no longer have a name)."""
+    links = []
+    for pid in (_tree_pids(root.pid) or []) if root is not None else []:
+        try:
+            links += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+    return links
 
 
 def _tree_pids(root: int) -> list[int] | None:

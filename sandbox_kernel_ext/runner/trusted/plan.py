@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
@@ -96,17 +97,18 @@ def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(host_reads.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
 
 
-def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...]
-                 ) -> dict[str, list[str]]:
+def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...],
+                 granted: Iterable[str] = ()) -> dict[str, list[str]]:
     """What the child covers with mounts (those that exist when it starts), as names by
-    folder: /etc's secrets always, and under "read everywhere" the credential list, the
-    sandboxes' homes, Jupyter's runtime folder and the roots reads of which a person approves."""
+    folder: /etc's secrets, the credential list, the sandboxes' homes, Jupyter's runtime
+    folder and the roots reads of which a person approves, inside whatever the policy grants
+    ("everywhere", or a folder that holds one), except a path the policy names itself
+    (`granted`: its own folders, never the top-level ones of "everywhere")."""
     if not hidden_by_mounts():
         return {}
-    hidden = etc_secrets()
-    config = capability.filesystem_config
-    if config.mode is not FilesystemMode.none and config.readable_paths is None:
-        hidden += (*denied, *approval_roots(capability)[0])
+    named = set(granted)
+    hidden = tuple(path for path in (*etc_secrets(), *denied, *approval_roots(capability)[0])
+                   if path not in named)
     return _by_folder(hidden)
 
 
@@ -120,6 +122,22 @@ def _by_folder(paths: tuple[str, ...]) -> dict[str, list[str]]:
         if name:
             folders.setdefault(folder, []).append(name)
     return folders
+
+
+def explicit_grants(capability: CapabilityDeclaration, writable: list[str]) -> list[str]:
+    """The folders a policy names itself and lets the child reach (not those "read
+    everywhere" stands for, nor roots whose reads a person approves)."""
+    config = capability.filesystem_config
+    base = str(capability.base_path)
+    named = list(writable)
+    if config.mode is not FilesystemMode.none and config.readable_paths is not None:
+        named += _real_paths(config.readable_paths, base, "readable path")
+    table = capability.sandbox_config()
+    if table is not None:
+        roots = [str(table.root.root)] if table.root is not None else [
+            entry.root for entry in (table.paths or {}).values() if not entry.read_approval]
+        named += _real_paths(roots, base, "root")
+    return named
 
 
 def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
@@ -314,7 +332,7 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     homes = os.path.realpath(homes_folder())
-    hidden = hidden_paths(capability, denied)
+    hidden = hidden_paths(capability, denied, explicit_grants(capability, writable))
     for path in readable + writable:
         holds_hidden_homes = (path in readable  # "everywhere" holds /tmp
                               and os.path.basename(homes) in hidden.get(os.path.dirname(homes), ()))
@@ -329,7 +347,8 @@ def build_plan(
         argv = resolve_command(argv, child_env)
     elif kind == "session":
         child_env = {**SESSION_ENV, **child_env}
-    workdir = os.path.realpath(cwd) if cwd else (writable[0] if writable else home)
+    folders = [path for path in writable if os.path.isdir(path)]  # a writable file is no cwd
+    workdir = os.path.realpath(cwd) if cwd else (folders[0] if folders else home)
     write_paths = [home, *writable, *host_reads.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
     _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
