@@ -184,16 +184,17 @@ def test_errors_name_the_problem(manager: SandboxManager, shared_dir: Path) -> N
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root's children have a uid check")
 def test_root_refuses_a_writable_root_the_child_cannot_write(manager: SandboxManager, shared_dir: Path) -> None:
-    """Root's 0755 folder is not 65534's to write; with child_uid=0 (root with no capability)
-    it is, and another user's is not."""
+    """Root's 0755 folder is shown to the 65534 child as its own (the owner map), as it is
+    writable by a root child; another user's 0755 folder is neither's to write."""
     os.chmod(shared_dir, 0o755)
-    with pytest.raises(SandboxError, match="not writable by uid 65534"):
-        manager.create_sandbox(_policy(shared_dir))
+    manager.destroy(manager.create_sandbox(_policy(shared_dir)))
     with SandboxManager(child_uid=0) as as_root:
         as_root.destroy(as_root.create_sandbox(_policy(shared_dir)))
-        os.chown(shared_dir, 65534, 65534)
+        os.chown(shared_dir, 1000, 1000)
         with pytest.raises(SandboxError, match="not writable by uid 0"):
             as_root.create_sandbox(_policy(shared_dir))
+    with pytest.raises(SandboxError, match="not writable by uid 65534"):
+        manager.create_sandbox(_policy(shared_dir))
 
 
 def test_list_destroy_and_lifecycle() -> None:

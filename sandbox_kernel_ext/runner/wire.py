@@ -63,6 +63,9 @@ class ChildPlan:
     # Paths the child covers with empty mounts before confining itself (those that exist then),
     # as names by folder; a child that cannot mount refuses to run rather than read them.
     hidden_paths: dict[str, list[str]] = field(default_factory=dict)
+    # Folders root owns that the plan grants (or that hold a grant), shown to a root kernel's
+    # unprivileged child as its own through an idmapped mount ("owner_map" comes with them).
+    owner_mapped: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.

@@ -56,9 +56,17 @@ def test_the_default_identity_is_65534_and_root_is_asked_for() -> None:
     assert "child_uid=0" in isolation_report()["child_identity"]
 
 
-def test_a_root_folder_is_writable_and_what_the_cell_makes_is_roots(root_folder: Path) -> None:
+# Both identities must make root's folders usable: 65534 through the owner map (root's granted
+# folders shown as its own), and root's own uid.
+IDENTITIES = pytest.mark.parametrize("child_uid", [None, 0], ids=["default-65534", "root"])
+
+
+@IDENTITIES
+def test_a_root_folder_is_writable_and_what_the_cell_makes_is_roots(
+    root_folder: Path, child_uid: int | None
+) -> None:
     assert stat.S_IMODE(root_folder.stat().st_mode) == 0o700 and root_folder.stat().st_uid == 0
-    with SandboxManager(child_uid=0) as manager:
+    with SandboxManager(child_uid=child_uid) as manager:
         sid = manager.create_sandbox(_capability([str(root_folder)], []))
         result = manager.run_python(sid, f"""
 import os, subprocess
@@ -73,8 +81,9 @@ out = {{'uid': os.getuid(), 'caps': caps(status), 'caps_after_exec': caps(after_
 """, outputs=["out"])
     assert result.exit_code == 0, result.stderr
     out = result.variables["out"]
-    assert out["uid"] == 0
-    assert out["uid_map"] == ["0", "0", "1"]  # a user namespace of its own
+    uid = 65534 if child_uid is None else child_uid
+    assert out["uid"] == uid
+    assert out["uid_map"] == [str(uid), str(uid), "1"]  # a user namespace of its own
     zero = "0000000000000000"
     for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert out["caps"][name] == zero, out["caps"]
@@ -84,7 +93,8 @@ out = {{'uid': os.getuid(), 'caps': caps(status), 'caps_after_exec': caps(after_
     assert (made.st_uid, made.st_gid) == (0, 0)
 
 
-def test_a_program_under_root_home_runs(tmp_path: Path) -> None:
+@IDENTITIES
+def test_a_program_under_root_home_runs(child_uid: int | None) -> None:
     """pyenv's and conda's interpreters live under /root (0700): the child can enter it."""
     if not os.path.isdir("/root"):
         pytest.skip("no /root here")
@@ -93,7 +103,7 @@ def test_a_program_under_root_home_runs(tmp_path: Path) -> None:
         program = folder / "tool"
         program.write_text("#!/bin/sh\necho ran from /root\n")
         program.chmod(0o700)
-        with SandboxManager(child_uid=0) as manager:
+        with SandboxManager(child_uid=child_uid) as manager:
             sid = manager.create_sandbox(_capability([], [str(folder)]))
             result = manager.execute(sid, [str(program)])
         assert result.exit_code == 0, result.stderr
@@ -144,6 +154,38 @@ def _block_device() -> str | None:
         except OSError:
             continue
     return None
+
+
+def test_roots_private_files_stay_closed_to_the_default_child(root_folder: Path) -> None:
+    """Found in review of root's own uid: reading "everywhere", root in name reads every 0600
+    file of root's (debconf's passwords, logs, a key left in /tmp). The default child is 65534
+    and sees root's files as its own only in the folders its policy grants."""
+    secret_dir = Path(tempfile.mkdtemp(prefix="sbx-rootid-secret-"))
+    secret = secret_dir / "private"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    secret_dir.chmod(0o755)
+    targets = [str(secret), *(p for p in ("/var/cache/debconf/passwords.dat",
+                                          "/var/log/apt/term.log") if os.path.exists(p))]
+    try:
+        with SandboxManager() as manager:
+            sid = manager.create_sandbox(_capability([str(root_folder)], None))
+            result = manager.run_python(sid, f"""
+import errno
+out = {{}}
+for path in {targets!r}:
+    try:
+        open(path, 'rb').read(16)
+        out[path] = 'read'
+    except OSError as exc:
+        out[path] = errno.errorcode.get(exc.errno, str(exc.errno))
+open({str(root_folder / 'mine')!r}, 'w').write('in the granted folder')
+""", outputs=["out"])
+    finally:
+        subprocess.run(["rm", "-rf", str(secret_dir)], check=False)
+    assert result.exit_code == 0, result.stderr
+    assert set(result.variables["out"].values()) <= {"EACCES", "EPERM", "ENOENT"}, result.variables
+    assert (root_folder / "mine").stat().st_uid == 0  # the granted folder is still its own
 
 
 def test_raw_disks_and_roots_private_files_stay_closed(root_folder: Path) -> None:

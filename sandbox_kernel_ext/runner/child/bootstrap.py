@@ -36,11 +36,13 @@ from ..linux.namespaces import (
     MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
+    attach_tree,
     bind_mount,
     drop_bounding_set,
     drop_capabilities,
     drop_identity,
     enter_namespaces,
+    idmapped_tree,
     mount,
     set_mount_readonly,
 )
@@ -132,6 +134,7 @@ def run_setup_fork(fds: dict[str, int], status_w: int, use_userns: bool) -> None
     its pid (or the error) goes to the launcher on `status_w`."""
     plan = ChildPlan.from_json(json.loads(read_to_end(fds.pop("plan"))))
     rules = rules_for(plan)
+    trees = owner_mapped_trees(plan, fds.pop("owner_map", None))
     root_without_userns = os.geteuid() == 0 and not use_userns
     if os.geteuid() == 0 and use_userns and plan.uid is not None:
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
@@ -143,7 +146,7 @@ def run_setup_fork(fds: dict[str, int], status_w: int, use_userns: bool) -> None
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
     if pid == 0:
         try:
-            _confine_and_run(plan, fds, status_w, rules, drop_root=root_without_userns)
+            _confine_and_run(plan, fds, status_w, rules, trees, drop_root=root_without_userns)
         except BaseException as exc:  # noqa: BLE001
             # The status pipe sits at STATUS_FD once the descriptors are installed; before
             # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
@@ -156,6 +159,23 @@ def run_setup_fork(fds: dict[str, int], status_w: int, use_userns: bool) -> None
 
 
 _fds_installed = False  # in the confined child: whether STATUS_FD is the status pipe yet
+
+
+def owner_mapped_trees(plan: ChildPlan, owner_map: int | None) -> list[tuple[str, int]]:
+    """Detached copies of the folders root owns that the plan grants (or that hold what it
+    grants, such as /root around pyenv's interpreter), shown through `owner_map` (root as the
+    child's uid): made here, while the setup fork is still real root, and mounted in the
+    child's namespace by `_confine_and_run`, parents first."""
+    if not plan.owner_mapped:
+        return []
+    if owner_map is None:
+        raise OSError(errno.EPERM, "the plan shows root's folders as the child's, but no "
+                                   "owner mapping came with it")
+    try:
+        return [(path, idmapped_tree(path, owner_map))
+                for path in sorted(plan.owner_mapped, key=lambda p: p.count("/"))]
+    finally:
+        os.close(owner_map)
 
 
 def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> int:
@@ -282,7 +302,7 @@ def freeze_kernel_settings() -> None:
 
 def _confine_and_run(
     plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
-    *, drop_root: bool,
+    trees: list[tuple[str, int]], *, drop_root: bool,
 ) -> None:
     private_shm = False
     try:
@@ -293,7 +313,13 @@ def _confine_and_run(
         if plan.hidden_paths:
             raise OSError(exc.errno, "no mount namespace to hide the paths this policy denies "
                                      f"({exc.strerror})") from None
+        if trees:
+            raise OSError(exc.errno, "no mount namespace to show root's folders to the child "
+                                     f"({exc.strerror})") from None
     else:
+        for path, tree in trees:
+            attach_tree(tree, path)
+            os.close(tree)
         hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
     try:

@@ -15,7 +15,8 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_bounding_set", "drop_capabilities",
+    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
+    "attach_tree", "mapping_user_namespace",
     "drop_identity",
     "enter_namespaces", "userns_usable",
 ]
@@ -35,6 +36,12 @@ CLONE_NAMESPACE_FLAGS = (
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 0x1000, 0x4000, 1 << 18
 # mount_setattr(2), Linux 5.12: the same number on x86_64 and aarch64.
 SYS_MOUNT_SETATTR = 442
+# open_tree and move_mount (Linux 5.2): the same numbers on x86_64 and aarch64.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_IDMAP = 0x100000
+AT_EMPTY_PATH = 0x1000
 MOUNT_ATTR_RDONLY = 0x1
 AT_RECURSIVE = 0x8000
 AT_FDCWD = -100
@@ -86,6 +93,69 @@ def set_mount_readonly(path: str, readonly: bool, *, recursive: bool) -> None:
     checked(lib.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD),
                         path.encode(), ctypes.c_uint(AT_RECURSIVE if recursive else 0),
                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))))
+
+
+def _syscall(number: int, *args: object) -> int:
+    lib = libc()
+    if lib is None:
+        raise OSError(errno.ENOSYS, "this platform has no syscall()")
+    return checked(lib.syscall(ctypes.c_long(number), *args))
+
+
+def idmapped_tree(path: str, userns_fd: int) -> int:
+    """A detached copy of the mounts at and below `path` whose owners are seen through
+    `userns_fd`'s mapping (an idmapped mount): with `0 65534 1`, root's files show as uid
+    65534's and what uid 65534 creates is stored as root's. Needs real root (CAP_SYS_ADMIN
+    where the filesystem was mounted) and a filesystem that supports it (ext4, xfs, btrfs,
+    tmpfs from 6.3, ...). `attach_tree` puts it in place, in another mount namespace too."""
+    tree = _syscall(SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), path.encode(),
+                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE))
+    try:
+        attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
+        _syscall(SYS_MOUNT_SETATTR, ctypes.c_int(tree), b"",
+                 ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
+                 ctypes.c_size_t(ctypes.sizeof(attr)))
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
+def attach_tree(tree: int, path: str) -> None:
+    """Mount a detached tree (`idmapped_tree`) on `path`."""
+    _syscall(SYS_MOVE_MOUNT, ctypes.c_int(tree), b"", ctypes.c_int(AT_FDCWD), path.encode(),
+             ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH))
+
+
+def mapping_user_namespace(inside: int, outside: int) -> int:
+    """A descriptor of a new user namespace whose id `inside` is `outside` on the host (and
+    nothing else mapped): the mapping an idmapped mount applies. Made in a throwaway fork;
+    the caller needs CAP_SETUID and CAP_SETGID (root)."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(done_w)  # so that the parent's close is our end of file
+            unshare(CLONE_NEWUSER)
+            os.write(ready_w, b"1")
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise OSError(errno.EPERM, "could not make a user namespace for an idmapped mount")
+        _write(f"/proc/{pid}/uid_map", f"{inside} {outside} 1")
+        _write(f"/proc/{pid}/setgroups", "deny")
+        _write(f"/proc/{pid}/gid_map", f"{inside} {outside} 1")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(done_w)
+        os.waitpid(pid, 0)
 
 
 def mount_setattr_available() -> bool:

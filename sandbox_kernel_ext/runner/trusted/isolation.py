@@ -79,9 +79,11 @@ def default_child_uid() -> int:
 def _child_identity() -> str:
     if os.name != "posix" or os.geteuid() != 0:
         return "the Jupyter kernel's own uid in a user namespace"
-    return ("unprivileged uid 65534 (the Jupyter kernel runs as root; child_uid=0 runs children "
-            "as root in a user namespace with every capability dropped, which reads root's "
-            "private files)")
+    return ("unprivileged uid 65534, to which the folders its policy grants that root owns (and "
+            "a folder of root's on the way to them, such as /root) are shown as its own through "
+            "idmapped mounts: what it creates there is root's (the Jupyter kernel runs as root; "
+            "child_uid=0 runs children as root in a user namespace with every capability "
+            "dropped, which reads root's private files)")
 
 
 def isolation_report() -> dict[str, Any]:

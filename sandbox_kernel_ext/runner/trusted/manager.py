@@ -29,6 +29,7 @@ from ...approval.broker import ApprovalBroker
 from ...policy.egress import EgressFilter, RateLimiter
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
+from ..linux.namespaces import idmapped_tree, mapping_user_namespace
 from ..wire import ChildPlan
 from .control import CellEvents, ControlChannel, InputCallback
 from .disk_quota import DiskQuota
@@ -123,6 +124,7 @@ class SandboxManager:
         if self.child_uid == 0 and not user_namespaces():
             raise SandboxError("child_uid=0 needs user namespaces, which this host refuses: "
                                "root without one would keep what only namespaces take away")
+        self._owner_map = self._make_owner_map()
         self.broker = broker if broker is not None else ApprovalBroker()  # the process default decides
         self._egress_resolver = egress_resolver
         self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
@@ -169,12 +171,37 @@ class SandboxManager:
                                                    gated=gated, disk=disk)
         return sandbox_id
 
+    def _make_owner_map(self) -> int | None:
+        """A root kernel's unprivileged child sees root's granted folders as its own through
+        idmapped mounts made with this user namespace (root there is the child's uid here):
+        a `mkdtemp` folder is writable, /root's interpreter runs, what it creates is root's,
+        and root's other files stay closed to it. None where that cannot be had."""
+        if self.child_uid in (None, 0) or not user_namespaces():
+            return None
+        try:
+            return mapping_user_namespace(0, self.child_uid)
+        except OSError:
+            return None
+
+    def _owner_mapped(self, path: str) -> bool:
+        """Whether `path`, root's, can be shown to the child as its own (its filesystem
+        supports idmapped mounts)."""
+        if self._owner_map is None:
+            return False
+        try:
+            os.close(idmapped_tree(path, self._owner_map))
+        except OSError:
+            return False
+        return True
+
     def _check_writable(self, writable: list[str]) -> None:
         """As root the child is another uid: say so now, not as an EACCES in the cell."""
         if self.child_uid is None:
             return
         for path in writable:
             info = os.stat(path)
+            if info.st_uid == 0 and self._owner_mapped(path):
+                continue  # shown to the child as its own
             if info.st_uid != self.child_uid and not info.st_mode & 0o002:
                 raise SandboxError(
                     f"writable path {path} is not writable by uid {self.child_uid}, the uid "
@@ -220,6 +247,9 @@ class SandboxManager:
         for sandbox_id in [s["sandbox_id"] for s in self.list_sandboxes()]:
             self.destroy(sandbox_id)
         self._launcher.close()
+        if self._owner_map is not None:
+            os.close(self._owner_map)
+            self._owner_map = None
 
     def __enter__(self) -> SandboxManager:
         return self
@@ -379,7 +409,8 @@ class SandboxManager:
                           env=env, uid=self.child_uid, gid=self.child_uid,
                           denied=sandbox.denied, pinned=sandbox.grants,
                           proxy_port=PROXY_PORT if egress else None,
-                          disk_headroom=self._disk_headroom(sandbox))
+                          disk_headroom=self._disk_headroom(sandbox),
+                          owner_mapping=self._owner_map is not None)
 
     def _disk_headroom(self, sandbox: _Sandbox) -> int | None:
         """Bytes the sandbox may still add to its folders (None: no quota); a sandbox already
@@ -463,6 +494,8 @@ class SandboxManager:
         # memfd that only the child reads: the launcher's memory is inherited by every later
         # fork, another sandbox's cell included, so nothing of a plan may pass through it.
         plumbing.child_ends["plan"] = memfd("sandbox-plan", json.dumps(plan.to_json()).encode())
+        if plan.owner_mapped and self._owner_map is not None:
+            plumbing.child_ends["owner_map"] = os.dup(self._owner_map)
         started = time.monotonic()
         child = self._launcher.spawn(plumbing.child_ends)
         sandbox.child = child  # from here on, kill() and destroy() reach it

@@ -140,6 +140,44 @@ def explicit_grants(capability: CapabilityDeclaration, writable: list[str]) -> l
     return named
 
 
+def owner_mapped_paths(granted: Iterable[str], reached: Iterable[str]) -> list[str]:
+    """What a root kernel's unprivileged child sees through the owner map (root's files as
+    its own): each `granted` folder root owns, and the first folder of root's on the way to
+    anything `granted` or `reached` (the runtime's read set) that others may not search (/root
+    around pyenv's interpreter). Folders inside another mapped one are left to it."""
+    mapped: list[str] = []
+    granted = list(granted)
+    for path in granted:
+        try:
+            if os.stat(path).st_uid == 0:
+                mapped.append(path)
+        except OSError:
+            continue
+    for path in [*granted, *reached]:
+        blocker = _closed_root_folder_above(path)
+        if blocker is not None:
+            mapped.append(blocker)
+    kept: list[str] = []
+    for path in sorted(set(mapped), key=lambda p: (p.count("/"), p)):
+        if not any(is_within(path, parent) for parent in kept):
+            kept.append(path)
+    return kept
+
+
+def _closed_root_folder_above(path: str) -> str | None:
+    """The outermost folder above `path` that root owns and others may not enter."""
+    folder = ""
+    for part in path.strip("/").split("/")[:-1]:
+        folder += "/" + part
+        try:
+            info = os.stat(folder)
+        except OSError:
+            return None
+        if info.st_uid == 0 and not info.st_mode & 0o001:
+            return folder
+    return None
+
+
 def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
     out = []
     for path in paths:
@@ -318,10 +356,13 @@ def build_plan(
     pinned: tuple[list[str], list[str]] | None = None,
     proxy_port: int | None = None,
     disk_headroom: int | None = None,
+    owner_mapping: bool = False,
 ) -> ChildPlan:
     """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
     elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
-    sandbox) refuses the run instead of granting the link's target."""
+    sandbox) refuses the run instead of granting the link's target. `owner_mapping`: the run
+    comes with an owner map (a root kernel's unprivileged child), so root's granted folders
+    are shown to the child as its own."""
     denied = tuple(denied_reads()) if denied is None else denied
     readable, writable = filesystem_grants(capability, denied)
     if pinned is not None and (readable, writable) != pinned:
@@ -332,7 +373,8 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     homes = os.path.realpath(homes_folder())
-    hidden = hidden_paths(capability, denied, explicit_grants(capability, writable))
+    named = explicit_grants(capability, writable)
+    hidden = hidden_paths(capability, denied, named)
     for path in readable + writable:
         holds_hidden_homes = (path in readable  # "everywhere" holds /tmp
                               and os.path.basename(homes) in hidden.get(os.path.dirname(homes), ()))
@@ -367,4 +409,5 @@ def build_plan(
         gid=gid,
         proxy_port=proxy_port,
         hidden_paths=hidden,
+        owner_mapped=owner_mapped_paths(named, runtime_read_set()) if owner_mapping else [],
     )
