@@ -169,3 +169,70 @@ def test_a_store_the_policy_names_itself_is_granted(
         manager.destroy(sid)
     assert result.exit_code == 0, result.stderr
     assert (profile / "written").read_text() == "kept"
+
+
+@pytest.mark.skipif(not hidden_by_mounts(), reason="no mounts to hide with here")
+def test_a_link_at_a_stores_name_covers_nothing_else(
+    manager: SandboxManager, planted_home: Path
+) -> None:
+    """Found in review: a sandbox that could write a home planted `~/.aws -> /usr`, and every
+    other sandbox's cover then landed on /usr (commands stopped running). A cover is mounted
+    on the path reached without links, so the link covers nothing."""
+    shutil.rmtree(planted_home / ".aws")
+    (planted_home / ".aws").symlink_to("/usr")
+    sid = manager.create_sandbox(CapabilityDeclaration(
+        filesystem_config=FilesystemConfig(mode="read_only", readable_paths=None)))
+    try:
+        result = manager.execute(sid, ["/bin/ls", "/usr/bin/env"])
+    finally:
+        manager.destroy(sid)
+    assert result.exit_code == 0 and result.stdout == "/usr/bin/env\n", result
+
+
+def test_a_policy_path_that_is_a_link_to_a_store_does_not_name_it(
+    manager: SandboxManager, planted_home: Path, shared_dir: Path
+) -> None:
+    """Found in review: a policy path that another sandbox had turned into a link to
+    `~/.aws` counted as naming the store, which was then left unhidden."""
+    (shared_dir / "data").symlink_to(planted_home / ".aws")
+    sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=[str(shared_dir / "data")])))
+    try:
+        result = manager.run_python(sid, f"paths = {[str(planted_home / '.aws' / 'credentials')]!r}\n"
+                                    + CODE)
+    finally:
+        manager.destroy(sid)
+    assert "SECRET" not in result.stdout, result
+
+
+def test_a_writable_folder_may_not_hold_a_store(manager: SandboxManager, planted_home: Path) -> None:
+    """Found in review: a cell renamed the folder holding a store (`.config` to `.cfg`) and
+    read it unhidden at its next run. A writable folder that holds a store is refused."""
+    from sandbox_kernel_ext import SandboxError
+
+    with pytest.raises(SandboxError, match="holds .*credential store"):
+        manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+            mode="read_write", writable_paths=[str(planted_home)])))
+
+
+def test_root_named_as_readable_is_everywhere(manager: SandboxManager) -> None:
+    """Found in review: `readable_paths: ["/"]` granted all of /dev and /sys, where "read
+    everywhere" grants a few named entries."""
+    policy = CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=["/"]))
+    sid = manager.create_sandbox(policy)
+    try:
+        result = manager.run_python(sid, """
+import errno, os
+out = []
+for path in ('/dev/vcs', '/dev/tty0', '/sys/kernel/notes'):
+    try:
+        open(path, 'rb').read(1)
+        out.append(path)
+    except OSError as exc:
+        pass
+print(out)
+""")
+    finally:
+        manager.destroy(sid)
+    assert result.stdout.strip() == "[]", result

@@ -189,3 +189,44 @@ def test_files_held_open_without_a_name_are_counted(shared_dir: Path) -> None:
         result = manager.run_python(sid, UNNAMED, inputs={"FOLDER": str(shared_dir)},
                                     timeout=60)
     assert result.killed is not None and "disk quota" in result.killed, result
+
+
+MAPPED = r"""
+import mmap, os, time
+held = []
+for index in range(30):                 # 30 × 512 KiB kept only by a shared mapping
+    path = os.path.join(FOLDER, f"m{index}")
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(fd, b"x" * 524288)
+    held.append(mmap.mmap(fd, 524288, mmap.MAP_SHARED))
+    os.close(fd)
+    os.unlink(path)
+    time.sleep(0.02)
+time.sleep(1)
+print("all held")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mapping's file is read through map_files as root")
+def test_files_held_by_a_mapping_are_counted(shared_dir: Path) -> None:
+    """Found in review: files unlinked while mapped held 540 MB, counted as 0."""
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(_policy(shared_dir))
+        result = manager.run_python(sid, MAPPED, inputs={"FOLDER": str(shared_dir)},
+                                    timeout=60)
+    assert result.killed is not None and "disk quota" in result.killed, result
+
+
+def test_a_flood_of_empty_files_counts(shared_dir: Path) -> None:
+    """Found in review: 250,000 empty files cost no block, fit any quota and slowed every walk
+    to a second, buying long unwatched stretches. Each costs an inode's worth now."""
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(_policy(shared_dir))
+        result = manager.run_python(sid, """
+import os
+for index in range(20000):          # 20,000 × 256 bytes: 5 MB against a 2 MB quota
+    open(os.path.join(FOLDER, f"e{index}"), "w").close()
+import time; time.sleep(1)
+print("all made")
+""", inputs={"FOLDER": str(shared_dir)}, timeout=60)
+    assert result.killed is not None and "disk quota" in result.killed, result

@@ -229,34 +229,62 @@ def _present(hidden: dict[str, list[str]]) -> list[str]:
 _STAT_EACH_UP_TO = 8
 
 
+def _open_without_links(path: str) -> int | None:
+    """An O_PATH descriptor of `path` reached without following a symlink in any component,
+    or None (a symlink on the way, or nothing there). A cover is mounted on this descriptor,
+    never on the name: a link planted where a store's name is (`~/.aws -> /usr`) must not
+    carry the cover onto what it points at, nor a swap after the check."""
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for part in path.strip("/").split("/"):
+            next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, "a symlink on the way", path)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
-    """Cover each hidden path that exists now: a folder with an empty tmpfs, anything else with
-    /dev/null (both read-only once `view_host_read_only` has run). A granted path inside a
-    hidden folder (this sandbox's home, in the folder of every sandbox's home) is bound back
-    on top, through a descriptor taken before the cover."""
+    """Cover each hidden path that exists now, reached without a symlink: a folder with an
+    empty tmpfs, anything else with /dev/null (both read-only once `view_host_read_only` has
+    run). A symlink where a store's name is covers nothing: what it points at is hidden under
+    its own name if it is a store. A granted path inside a hidden folder (this sandbox's
+    home, in the folder of every sandbox's home) is bound back on top, through a descriptor
+    taken before the cover."""
     for path in _present(hidden):
+        target = _open_without_links(path)
+        if target is None:
+            continue
         try:
-            is_folder = stat.S_ISDIR(os.stat(path).st_mode)
-        except OSError:
-            continue  # nothing there at this run's start
-        inside = [p for p in granted if is_folder and _within(p, path) and os.path.exists(p)]
-        held = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside}
-        try:
-            if is_folder:
-                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                      "size=64k,nr_inodes=256,mode=0755")
-            else:
-                mount("/dev/null", path, None, MS_BIND)
-            for kept, fd in held.items():
-                if stat.S_ISDIR(os.fstat(fd).st_mode):
-                    os.makedirs(kept, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(kept), exist_ok=True)
-                    os.close(os.open(kept, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-                mount(f"/proc/self/fd/{fd}", kept, None, MS_BIND | MS_REC)
+            is_folder = stat.S_ISDIR(os.fstat(target).st_mode)
+            _cover(f"/proc/self/fd/{target}", path, is_folder, granted)
         finally:
-            for fd in held.values():
-                os.close(fd)
+            os.close(target)
+
+
+def _cover(target: str, path: str, is_folder: bool, granted: list[str]) -> None:
+    inside = [p for p in granted if is_folder and _within(p, path) and os.path.exists(p)]
+    held = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside}
+    try:
+        if is_folder:
+            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=64k,nr_inodes=256,mode=0755")
+        else:
+            mount("/dev/null", target, None, MS_BIND)
+        for kept, fd in held.items():
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.makedirs(kept, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(kept), exist_ok=True)
+                os.close(os.open(kept, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+            mount(f"/proc/self/fd/{fd}", kept, None, MS_BIND | MS_REC)
+    finally:
+        for fd in held.values():
+            os.close(fd)
 
 
 def view_host_read_only(write_paths: list[str]) -> None:

@@ -26,8 +26,14 @@ from collections.abc import Callable, Iterable
 
 __all__ = ["DiskQuota", "Usage", "measure"]
 
-# The next walk waits at least this many times as long as the last one took.
+# The next walk waits at least this many times as long as the last one took, and at most
+# this long: a cell that slows the walks down (a flood of empty files) cannot buy itself a
+# long unwatched stretch.
 _COST_FACTOR = 20
+_MAX_PAUSE = 5.0
+# What each file or folder costs at least: an inode, even with no block (250,000 empty files
+# held no block but slowed every walk to a second).
+INODE_BYTES = 256
 
 
 class Usage:
@@ -41,13 +47,14 @@ class Usage:
     def count(self, info: os.stat_result) -> None:
         if (info.st_dev, info.st_ino) not in self._seen:
             self._seen.add((info.st_dev, info.st_ino))
-            self.bytes += info.st_blocks * 512
+            self.bytes += max(info.st_blocks * 512, INODE_BYTES)
 
 
 def measure(folders: Iterable[str], open_files: Iterable[str] = ()) -> Usage:
-    """Blocks under `folders` (each inode once; no symlink followed, no other filesystem
-    entered; a top that is a file counts as itself) and of the `open_files` (paths of
-    /proc/PID/fd entries) that have no name left on those folders' filesystems."""
+    """Blocks under `folders` (each inode once, at least `INODE_BYTES`; no symlink followed,
+    no other filesystem entered; a top that is a file counts as itself) and of the
+    `open_files` (/proc/PID/fd and /proc/PID/map_files entries) that have no name left on
+    those folders' filesystems."""
     usage = Usage()
     devices = set()
     for top in folders:
@@ -105,7 +112,7 @@ class DiskQuota:
         self._unlisted_before = baseline.unlisted  # not ours to list from the start
         self.added = 0  # at the last walk
         self.unlisted: set[str] = set()
-        self._next_walk = started + _COST_FACTOR * (time.monotonic() - started)
+        self._next_walk = started + min(_COST_FACTOR * (time.monotonic() - started), _MAX_PAUSE)
         self._walking: threading.Thread | None = None
 
     def measure_now(self, open_files: Callable[[], list[str]] = list) -> int:
@@ -115,7 +122,8 @@ class DiskQuota:
         with self._lock:
             self.added = usage.bytes - self.baseline
             self.unlisted = usage.unlisted - self._unlisted_before
-            self._next_walk = time.monotonic() + _COST_FACTOR * (time.monotonic() - started)
+            took = time.monotonic() - started
+            self._next_walk = time.monotonic() + min(_COST_FACTOR * took, _MAX_PAUSE)
             return self.added
 
     def measure_if_due(self) -> int:

@@ -286,10 +286,14 @@ _SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/dev", "/proc", "/s
 
 
 def credential_paths() -> list[str]:
-    """The built-in deny list, as absolute real paths (whether or not they exist now)."""
+    """The built-in deny list, as absolute paths whether or not they exist now: the folders
+    above each store resolved, the store's own name not (a link planted at a store's name,
+    `~/.aws -> /usr`, must not make its target denied; a store it points at is on the list
+    under its own name)."""
     paths = [os.path.join(home, name) for home in home_folders() for name in HOME_CREDENTIAL_PATHS]
     paths += SYSTEM_CREDENTIAL_PATHS
-    return sorted({os.path.realpath(path) for path in paths})
+    return sorted({os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+                   for path in paths})
 
 
 def cover_except(root: str, denied: Iterable[str]) -> list[str]:
@@ -300,7 +304,9 @@ def cover_except(root: str, denied: Iterable[str]) -> list[str]:
     folders on those paths are listed. A symlink is granted only when its target lies clear of
     every denied path (a rule follows the link, so ``~/keys -> ~/.ssh`` would grant ``.ssh``).
     """
-    denied_set = {os.path.realpath(path) for path in denied}
+    # the folders above resolved, not a denied path's own name (see credential_paths)
+    denied_set = {os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+                  for path in denied}
 
     def clear(path: str) -> bool:
         return not any(is_within(path, bad) or is_within(bad, path) for bad in denied_set)

@@ -390,14 +390,17 @@ def _sample_proc(root: psutil.Process, pids: list[int]) -> tuple[float, float, i
 
 
 def tree_open_files(root: psutil.Process | None) -> list[str]:
-    """/proc/PID/fd/N of every descriptor the tree holds (the disk quota counts the files
-    among them that no longer have a name)."""
+    """/proc/PID/fd/N and /proc/PID/map_files/RANGE of everything the tree holds open or
+    mapped (the disk quota counts the files among them that no longer have a name; a
+    mapping's file can be read only with CAP_SYS_ADMIN, which a root kernel has)."""
     links = []
     for pid in (_tree_pids(root.pid) or []) if root is not None else []:
-        try:
-            links += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
+        for kind in ("fd", "map_files"):
+            try:
+                links += [f"/proc/{pid}/{kind}/{entry}"
+                          for entry in os.listdir(f"/proc/{pid}/{kind}")]
+            except OSError:
+                continue
     return links
 
 

@@ -124,19 +124,42 @@ def _by_folder(paths: tuple[str, ...]) -> dict[str, list[str]]:
     return folders
 
 
-def explicit_grants(capability: CapabilityDeclaration, writable: list[str]) -> list[str]:
+def _refuse_stores_in_writable(writable: list[str], denied: Iterable[str],
+                               named: Iterable[str]) -> None:
+    """A credential store inside a writable folder is hidden under its name only: a cell
+    could rename the folder holding it and find it unhidden at its next run. So a writable
+    folder may not hold one (unless the policy names the store itself)."""
+    named = set(named)
+    for root in writable:
+        for path in denied:
+            if path not in named and is_within(path, root) and path != root \
+                    and os.path.lexists(path):
+                raise SandboxError(
+                    f"writable path {root} holds {path}, a credential store sandboxes never "
+                    "read; a cell could move it out from under its cover. Grant the folders "
+                    "beside it instead"
+                )
+
+
+def explicit_grants(capability: CapabilityDeclaration) -> list[str]:
     """The folders a policy names itself and lets the child reach (not those "read
-    everywhere" stands for, nor roots whose reads a person approves)."""
+    everywhere" stands for, nor roots whose reads a person approves), each only if named
+    without a symlink: a link planted where a policy path is (`data -> ~/.aws`) must not
+    make a store count as named."""
     config = capability.filesystem_config
-    base = str(capability.base_path)
-    named = list(writable)
-    if config.mode is not FilesystemMode.none and config.readable_paths is not None:
-        named += _real_paths(config.readable_paths, base, "readable path")
+    given: list[str] = []
+    if config.mode is not FilesystemMode.none:
+        given += [*config.writable_paths, *(config.readable_paths or [])]
     table = capability.sandbox_config()
     if table is not None:
-        roots = [str(table.root.root)] if table.root is not None else [
+        given += [str(table.root.root)] if table.root is not None else [
             entry.root for entry in (table.paths or {}).values() if not entry.read_approval]
-        named += _real_paths(roots, base, "root")
+    base = str(capability.base_path)
+    named = []
+    for path in given:
+        full = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+        if os.path.realpath(full) == full:
+            named.append(full)
     return named
 
 
@@ -215,8 +238,12 @@ def filesystem_grants(
             writable += _real_paths(config.writable_paths, base, "writable path")
         if config.readable_paths is not None:
             readable += _real_paths(config.readable_paths, base, "readable path")
+    # "/" named as a readable path is "everywhere": /proc, /sys and /dev only in part
+    everywhere = config.mode is not FilesystemMode.none and (
+        config.readable_paths is None or "/" in readable)
+    readable = [path for path in readable if path != "/"]
     _refuse_overlap(readable, ask_to_read, "readable path", "read_approval")
-    if config.mode is not FilesystemMode.none and config.readable_paths is None:
+    if everywhere:
         # Leaves the gated roots out, or (hidden_by_mounts) holds them, hidden by the child.
         denied = tuple(denied_reads()) if denied is None else denied
         readable += list(_everywhere_read_set((*denied, *ask_to_read)))
@@ -373,8 +400,9 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     homes = os.path.realpath(homes_folder())
-    named = explicit_grants(capability, writable)
+    named = explicit_grants(capability)
     hidden = hidden_paths(capability, denied, named)
+    _refuse_stores_in_writable(writable, denied, named)
     for path in readable + writable:
         holds_hidden_homes = (path in readable  # "everywhere" holds /tmp
                               and os.path.basename(homes) in hidden.get(os.path.dirname(homes), ()))
@@ -409,5 +437,6 @@ def build_plan(
         gid=gid,
         proxy_port=proxy_port,
         hidden_paths=hidden,
-        owner_mapped=owner_mapped_paths(named, runtime_read_set()) if owner_mapping else [],
+        owner_mapped=(owner_mapped_paths([*writable, *(p for p in named if p != "/")],
+                                         runtime_read_set()) if owner_mapping else []),
     )
