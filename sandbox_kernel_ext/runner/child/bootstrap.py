@@ -165,15 +165,22 @@ def owner_mapped_trees(plan: ChildPlan, owner_map: int | None) -> list[tuple[str
     """Detached copies of the folders root owns that the plan grants (or that hold what it
     grants, such as /root around pyenv's interpreter), shown through `owner_map` (root as the
     child's uid): made here, while the setup fork is still real root, and mounted in the
-    child's namespace by `_confine_and_run`, parents first."""
+    child's namespace by `_confine_and_run`, parents first. A folder whose filesystem has no
+    idmapped mounts is left as it is: its modes then decide, which fails closed (a writable
+    one was checked when the sandbox was made)."""
     if not plan.owner_mapped:
         return []
     if owner_map is None:
         raise OSError(errno.EPERM, "the plan shows root's folders as the child's, but no "
                                    "owner mapping came with it")
+    trees = []
     try:
-        return [(path, idmapped_tree(path, owner_map))
-                for path in sorted(plan.owner_mapped, key=lambda p: p.count("/"))]
+        for path in sorted(plan.owner_mapped, key=lambda p: p.count("/")):
+            try:
+                trees.append((path, idmapped_tree(path, owner_map)))
+            except OSError:
+                continue
+        return trees
     finally:
         os.close(owner_map)
 

@@ -91,7 +91,8 @@ class SandboxManager:
     root's own uid in a user namespace with every capability dropped (where user namespaces
     are refused, 0 is not allowed): root's folders and an interpreter under /root just work
     and what a child creates belongs to root, but a sandbox reading "everywhere" reads
-    root's private files. Writable folders must be writable by that uid.
+    root's private files. A 65534 child sees the folders its policy grants that root owns as
+    its own (idmapped mounts); any other writable folder must be writable by its uid.
     `monitor_interval`: seconds between samples of the process tree (default 0.25; read at
     each run, so it may be changed between runs).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's
