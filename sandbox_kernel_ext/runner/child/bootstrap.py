@@ -236,52 +236,95 @@ def _present(hidden: dict[str, list[str]]) -> list[str]:
 _STAT_EACH_UP_TO = 8
 
 
-def _open_without_links(path: str) -> int | None:
-    """An O_PATH descriptor of `path` reached without following a symlink in any component,
-    or None (a symlink on the way, or nothing there). A cover is mounted on this descriptor,
-    never on the name: a link planted where a store's name is (`~/.aws -> /usr`) must not
-    carry the cover onto what it points at, nor a swap after the check."""
-    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
-    try:
-        for part in path.strip("/").split("/"):
-            next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+class _LinkFreeWalk:
+    """O_PATH descriptors of paths reached without following a symlink in any component;
+    folders on the way are kept, so paths that share them are not walked again. A cover is
+    mounted on such a descriptor, never on the name: a link planted where a store's name is
+    (`~/.aws -> /usr`) must not carry the cover onto what it points at, nor a swap after the
+    check."""
+
+    def __init__(self) -> None:
+        self.folders: dict[str, int | None] = {"/": os.open("/", os.O_PATH | os.O_CLOEXEC)}
+
+    def open(self, path: str) -> int | None:
+        """A new descriptor of `path`, or None (a symlink on the way, or nothing there)."""
+        folder, name = os.path.split(path.rstrip("/"))
+        parent = self._folder(folder)
+        if parent is None or not name:
+            return None
+        return self._step(parent, name)
+
+    def _folder(self, folder: str) -> int | None:
+        if folder not in self.folders:
+            above, name = os.path.split(folder)
+            parent = self._folder(above)
+            fd = self._step(parent, name) if parent is not None else None
+            if fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.close(fd)
+                fd = None
+            self.folders[folder] = fd
+        return self.folders[folder]
+
+    @staticmethod
+    def _step(parent: int, name: str) -> int | None:
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError:
+            return None
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
             os.close(fd)
-            fd = next_fd
-            if stat.S_ISLNK(os.fstat(fd).st_mode):
-                raise OSError(errno.ELOOP, "a symlink on the way", path)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+            return None
+        return fd
+
+    def close(self) -> None:
+        for fd in self.folders.values():
+            if fd is not None:
+                os.close(fd)
 
 
 def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
     """Cover each hidden path that exists now, reached without a symlink: a folder with an
-    empty tmpfs, anything else with /dev/null (both read-only once `view_host_read_only` has
-    run). A symlink where a store's name is covers nothing: what it points at is hidden under
-    its own name if it is a store. A granted path inside a hidden folder (this sandbox's
-    home, in the folder of every sandbox's home) is bound back on top, through a descriptor
-    taken before the cover."""
-    for path in _present(hidden):
-        target = _open_without_links(path)
-        if target is None:
-            continue
-        try:
-            is_folder = stat.S_ISDIR(os.fstat(target).st_mode)
-            _cover(f"/proc/self/fd/{target}", path, is_folder, granted)
-        finally:
-            os.close(target)
+    empty tmpfs (one, bound onto every folder with nothing to bind back), anything else with
+    /dev/null (all read-only once `view_host_read_only` has run). A symlink where a store's
+    name is covers nothing: what it points at is hidden under its own name if it is a store.
+    A granted path inside a hidden folder (this sandbox's home, in the folder of every
+    sandbox's home) is bound back on top, through a descriptor taken before the cover."""
+    walk = _LinkFreeWalk()
+    covered: list[str] = []
+    empty: int | None = None  # the shared empty tmpfs
+    try:
+        for path in sorted(_present(hidden)):
+            if any(_within(path, folder) for folder in covered):
+                continue  # inside a cover already: nothing of it shows
+            target = walk.open(path)
+            if target is None:
+                continue
+            try:
+                if not stat.S_ISDIR(os.fstat(target).st_mode):
+                    mount("/dev/null", f"/proc/self/fd/{target}", None, MS_BIND)
+                    continue
+                covered.append(path)
+                inside = [p for p in granted if _within(p, path) and os.path.exists(p)]
+                if inside or empty is None:
+                    _cover_folder(f"/proc/self/fd/{target}", inside)
+                    if not inside:
+                        empty = walk.open(path)  # the new tmpfs, to bind elsewhere
+                else:
+                    mount(f"/proc/self/fd/{empty}", f"/proc/self/fd/{target}", None, MS_BIND)
+            finally:
+                os.close(target)
+    finally:
+        walk.close()
+        if empty is not None:
+            os.close(empty)
 
 
-def _cover(target: str, path: str, is_folder: bool, granted: list[str]) -> None:
-    inside = [p for p in granted if is_folder and _within(p, path) and os.path.exists(p)]
+def _cover_folder(target: str, inside: list[str]) -> None:
+    """An empty tmpfs on `target`, with the granted paths `inside` it bound back on top."""
     held = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside}
     try:
-        if is_folder:
-            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  "size=64k,nr_inodes=256,mode=0755")
-        else:
-            mount("/dev/null", target, None, MS_BIND)
+        mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "size=64k,nr_inodes=256,mode=0755")
         for kept, fd in held.items():
             if stat.S_ISDIR(os.fstat(fd).st_mode):
                 os.makedirs(kept, exist_ok=True)
