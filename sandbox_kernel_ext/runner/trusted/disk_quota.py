@@ -18,6 +18,7 @@ held to what is left by RLIMIT_FSIZE all along).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -79,7 +80,8 @@ def measure(folders: Iterable[str], open_files: Iterable[str] = ()) -> Usage:
 
 def _walk(top: str, device: int, usage: Usage) -> None:
     def unlisted(error: OSError) -> None:
-        usage.unlisted.add(error.filename or top)
+        if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # gone or replaced meanwhile
+            usage.unlisted.add(error.filename or top)
 
     for folder, dirs, files, folder_fd in os.fwalk(top, onerror=unlisted):
         keep = []
