@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from leftovers import leftover_sandbox_processes
+from no_user_namespaces import without_user_namespaces
 
 from sandbox_kernel_ext import (
     CapabilityDeclaration,
@@ -349,30 +350,9 @@ def test_terminal_tool_runs_confined_and_refuses_blacklisted_words(shared_dir: P
     assert _leftover_sandbox_processes(home) == []
 
 
-WITHOUT_USER_NAMESPACES = """
-import os, sys
-# A user namespace of our own in which nested user namespaces are refused (the sysctl is per
-# namespace, so the host's setting is untouched), then drop to uid 65534: the runner must
-# fall back to no namespaces, warn, and still leave nothing behind.
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    import ctypes
-    os.close(w)
-    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
-    os.read(r, 1)
-    open("/proc/sys/user/max_user_namespaces", "w").write("0")
-    os.setgid(65534); os.setuid(65534)
-    os.execv(sys.argv[1], sys.argv[1:])
-os.close(r)
-import time; time.sleep(0.3)
-open(f"/proc/{pid}/uid_map", "w").write("0 0 1\\n65534 65534 1\\n")
-open(f"/proc/{pid}/setgroups", "w").write("deny")
-open(f"/proc/{pid}/gid_map", "w").write("0 0 1\\n65534 65534 1\\n")
-os.write(w, b"x")
-_, status = os.waitpid(pid, 0)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
+# Nested user namespaces refused, then uid 65534: the runner must fall back to no namespaces,
+# warn, and still leave nothing behind.
+WITHOUT_USER_NAMESPACES = without_user_namespaces(drop_to_nobody=True)
 
 FALLBACK_RUN = """
 import os, sys, tempfile, time, warnings

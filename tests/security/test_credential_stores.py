@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
+from sandbox_kernel_ext import (
+    CapabilityDeclaration,
+    FilesystemConfig,
+    SandboxManager,
+    SandboxResult,
+)
 from sandbox_kernel_ext.runner.trusted.host_reads import HOME_CREDENTIAL_PATHS
 from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
 
@@ -92,16 +97,25 @@ print(json.dumps(results))
 """
 
 
+def _read_in_a_sandbox(manager: SandboxManager, readable_paths: list[str] | None,
+                       paths: list[str]) -> SandboxResult:
+    """A read-only sandbox with `readable_paths` reads each of `paths` (CODE), once."""
+    sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=readable_paths)))
+    try:
+        return manager.run_python(sid, f"paths = {paths!r}\n" + CODE)
+    finally:
+        manager.destroy(sid)
+
+
+def _planted(home: Path) -> list[str]:
+    return sorted(str(p) for p in home.rglob("*") if p.is_file())
+
+
 def test_every_credential_store_is_unreadable_when_reading_everywhere(
     manager: SandboxManager, planted_home: Path
 ) -> None:
-    planted = sorted(str(p) for p in planted_home.rglob("*") if p.is_file())
-    sid = manager.create_sandbox(CapabilityDeclaration(
-        filesystem_config=FilesystemConfig(mode="read_only", readable_paths=None)))
-    try:
-        result = manager.run_python(sid, f"paths = {planted!r}\n" + CODE)
-    finally:
-        manager.destroy(sid)
+    result = _read_in_a_sandbox(manager, None, _planted(planted_home))
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
     control = str(planted_home / "notes.txt")
@@ -139,13 +153,7 @@ def test_a_folder_the_policy_names_is_searched_for_stores_too(
     manager: SandboxManager, planted_home: Path
 ) -> None:
     """A policy that names a home (not "everywhere") gets the home, not the keys in it."""
-    planted = sorted(str(p) for p in planted_home.rglob("*") if p.is_file())
-    sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
-        mode="read_only", readable_paths=[str(planted_home)])))
-    try:
-        result = manager.run_python(sid, f"paths = {planted!r}\n" + CODE)
-    finally:
-        manager.destroy(sid)
+    result = _read_in_a_sandbox(manager, [str(planted_home)], _planted(planted_home))
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen.pop(str(planted_home / "notes.txt")) == "public notes\n"
@@ -195,13 +203,8 @@ def test_a_policy_path_that_is_a_link_to_a_store_does_not_name_it(
     """Found in review: a policy path that another sandbox had turned into a link to
     `~/.aws` counted as naming the store, which was then left unhidden."""
     (shared_dir / "data").symlink_to(planted_home / ".aws")
-    sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
-        mode="read_only", readable_paths=[str(shared_dir / "data")])))
-    try:
-        result = manager.run_python(sid, f"paths = {[str(planted_home / '.aws' / 'credentials')]!r}\n"
-                                    + CODE)
-    finally:
-        manager.destroy(sid)
+    result = _read_in_a_sandbox(manager, [str(shared_dir / "data")],
+                                [str(planted_home / ".aws" / "credentials")])
     assert "SECRET" not in result.stdout, result
 
 

@@ -20,6 +20,7 @@ from sandbox_kernel_ext import (
     ResourceLimits,
     SandboxError,
     SandboxManager,
+    SandboxResult,
 )
 from sandbox_kernel_ext.policy.file_limits import FileLimits
 
@@ -54,6 +55,14 @@ def _policy(folder: Path) -> CapabilityDeclaration:
         file_limits=FileLimits(max_total_bytes=QUOTA),
         resource_limits=ResourceLimits(max_file_size_mb=100),
     )
+
+
+def _run_writing_in(folder: Path, code: str) -> SandboxResult:
+    """`code` run once, with FOLDER naming `folder`, in a sandbox under the quota that may
+    write there, watched every 50 ms."""
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(_policy(folder))
+        return manager.run_python(sid, code, inputs={"FOLDER": str(folder)}, timeout=60)
 
 
 def _stored(folder: str) -> int:
@@ -184,10 +193,7 @@ print("all held")
 
 def test_files_held_open_without_a_name_are_counted(shared_dir: Path) -> None:
     """Found in review: 270 MB in O_TMPFILE files (or unlinked while open) showed as 0."""
-    with SandboxManager(monitor_interval=0.05) as manager:
-        sid = manager.create_sandbox(_policy(shared_dir))
-        result = manager.run_python(sid, UNNAMED, inputs={"FOLDER": str(shared_dir)},
-                                    timeout=60)
+    result = _run_writing_in(shared_dir, UNNAMED)
     assert result.killed is not None and "disk quota" in result.killed, result
 
 
@@ -210,23 +216,18 @@ print("all held")
 @pytest.mark.skipif(os.geteuid() != 0, reason="a mapping's file is read through map_files as root")
 def test_files_held_by_a_mapping_are_counted(shared_dir: Path) -> None:
     """Found in review: files unlinked while mapped held 540 MB, counted as 0."""
-    with SandboxManager(monitor_interval=0.05) as manager:
-        sid = manager.create_sandbox(_policy(shared_dir))
-        result = manager.run_python(sid, MAPPED, inputs={"FOLDER": str(shared_dir)},
-                                    timeout=60)
+    result = _run_writing_in(shared_dir, MAPPED)
     assert result.killed is not None and "disk quota" in result.killed, result
 
 
 def test_a_flood_of_empty_files_counts(shared_dir: Path) -> None:
     """Found in review: 250,000 empty files cost no block, fit any quota and slowed every walk
     to a second, buying long unwatched stretches. Each costs an inode's worth now."""
-    with SandboxManager(monitor_interval=0.05) as manager:
-        sid = manager.create_sandbox(_policy(shared_dir))
-        result = manager.run_python(sid, """
+    result = _run_writing_in(shared_dir, """
 import os
 for index in range(20000):          # 20,000 × 256 bytes: 5 MB against a 2 MB quota
     open(os.path.join(FOLDER, f"e{index}"), "w").close()
 import time; time.sleep(1)
 print("all made")
-""", inputs={"FOLDER": str(shared_dir)}, timeout=60)
+""")
     assert result.killed is not None and "disk quota" in result.killed, result

@@ -27,6 +27,8 @@ import pytest
 from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
 from sandbox_kernel_ext.runner.trusted.isolation import default_child_uid
 
+from no_user_namespaces import without_user_namespaces
+
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only"),
     pytest.mark.skipif(os.geteuid() != 0, reason="a root kernel's children: the tests run as root"),
@@ -245,28 +247,10 @@ for name, target in (('pid', {victim.pid}), ('everyone', -1), ('group', -{os.get
         victim.wait()
 
 
-NO_USER_NAMESPACES_AS_ROOT = """
-import os, sys
-# Root in a user namespace of our own in which nested ones are refused (the sysctl is per
-# namespace): the launcher is root but cannot make a user namespace, so its children must drop
-# to 65534 with the bounding set emptied first (it cannot be emptied after the uid change).
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    import ctypes
-    os.close(w)
-    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
-    os.read(r, 1)
-    open("/proc/sys/user/max_user_namespaces", "w").write("0")
-    os.execv(sys.argv[1], sys.argv[1:])
-os.close(r)
-import time; time.sleep(0.3)
-open(f"/proc/{pid}/uid_map", "w").write("0 0 1\\n65534 65534 1\\n")
-open(f"/proc/{pid}/gid_map", "w").write("0 0 1\\n65534 65534 1\\n")
-os.write(w, b"x")
-_, status = os.waitpid(pid, 0)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
+# Root where nested user namespaces are refused: the launcher is root but cannot make a user
+# namespace, so its children must drop to 65534 with the bounding set emptied first (it cannot
+# be emptied after the uid change).
+NO_USER_NAMESPACES_AS_ROOT = without_user_namespaces(drop_to_nobody=False)
 
 RUN_AS_ROOT_WITHOUT_USERNS = """
 import sys, tempfile, warnings

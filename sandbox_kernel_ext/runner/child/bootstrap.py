@@ -23,6 +23,7 @@ import socket
 import stat
 import struct
 
+from ...policy.paths import is_within
 from ..linux import landlock, seccomp
 from ..linux.namespaces import (
     CLONE_NEWIPC,
@@ -211,10 +212,6 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
 _MAX_FD = 1 << 30  # closerange() clamps to the real table size
 
 
-def _within(path: str, folder: str) -> bool:
-    return path.startswith(folder.rstrip("/") + "/")
-
-
 def _present(hidden: dict[str, list[str]]) -> list[str]:
     """The hidden paths that exist now. A folder with many candidates (the credential list
     in a home) is listed once, which costs less than a stat per name; one with a few (the
@@ -294,7 +291,7 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
     empty: int | None = None  # the shared empty tmpfs
     try:
         for path in sorted(_present(hidden)):
-            if any(_within(path, folder) for folder in covered):
+            if any(is_within(path, folder) for folder in covered):
                 continue  # inside a cover already: nothing of it shows
             target = walk.open(path)
             if target is None:
@@ -304,7 +301,8 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
                     mount("/dev/null", f"/proc/self/fd/{target}", None, MS_BIND)
                     continue
                 covered.append(path)
-                inside = [p for p in granted if _within(p, path) and os.path.exists(p)]
+                inside = [p for p in granted
+                          if p != path and is_within(p, path) and os.path.exists(p)]
                 if inside or empty is None:
                     _cover_folder(f"/proc/self/fd/{target}", inside)
                     if not inside:

@@ -10,10 +10,10 @@ the sandbox was made.
 The walk goes by directory descriptor (`os.fwalk`): no path is too long for it, and no folder
 swapped for a symlink leads it elsewhere. A folder it cannot list that it could list when the
 sandbox was made counts as over the quota: what it holds cannot be known. Walks run on a
-thread of their own, each timed, the next one at least twenty times as long after, so a large
-folder costs at most a twentieth of a core and never holds up the monitor's other checks; what
-a cell writes between two walks can pass the quota by that much before the kill (each file is
-held to what is left by RLIMIT_FSIZE all along).
+thread of their own and never hold up the monitor's other checks; each is timed, and the next
+one comes twenty times as long after (a large folder costs a twentieth of a core), but never
+more than 5 s after. What a cell writes between two walks can pass the quota by that much
+before the kill (each file is held to what is left by RLIMIT_FSIZE all along).
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ _MAX_PAUSE = 5.0
 # What each file or folder costs at least: an inode, even with no block (250,000 empty files
 # held no block but slowed every walk to a second).
 INODE_BYTES = 256
+
+
+def _pause_after(took: float) -> float:
+    """How long after a walk that took `took` seconds the next one is due."""
+    return min(_COST_FACTOR * took, _MAX_PAUSE)
 
 
 class Usage:
@@ -114,7 +119,7 @@ class DiskQuota:
         self._unlisted_before = baseline.unlisted  # not ours to list from the start
         self.added = 0  # at the last walk
         self.unlisted: set[str] = set()
-        self._next_walk = started + min(_COST_FACTOR * (time.monotonic() - started), _MAX_PAUSE)
+        self._next_walk = time.monotonic() + _pause_after(time.monotonic() - started)
         self._walking: threading.Thread | None = None
 
     def measure_now(self, open_files: Callable[[], list[str]] = list) -> int:
@@ -124,8 +129,7 @@ class DiskQuota:
         with self._lock:
             self.added = usage.bytes - self.baseline
             self.unlisted = usage.unlisted - self._unlisted_before
-            took = time.monotonic() - started
-            self._next_walk = time.monotonic() + min(_COST_FACTOR * took, _MAX_PAUSE)
+            self._next_walk = time.monotonic() + _pause_after(time.monotonic() - started)
             return self.added
 
     def measure_if_due(self) -> int:

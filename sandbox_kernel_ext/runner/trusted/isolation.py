@@ -24,7 +24,8 @@ NOBODY_UID = 65534
 
 
 @functools.lru_cache(maxsize=1)
-def _userns() -> bool:
+def user_namespaces() -> bool:
+    """Whether this process may make a user namespace (probed once)."""
     if not sys.platform.startswith("linux"):
         return False
     from ..linux.namespaces import userns_usable
@@ -35,22 +36,17 @@ def _userns() -> bool:
 @functools.lru_cache(maxsize=1)
 def read_only_view_available() -> bool:
     """Whether a child's mount namespace can show it the host read-only."""
-    if not sys.platform.startswith("linux") or not (_userns() or os.geteuid() == 0):
+    if not sys.platform.startswith("linux") or not (user_namespaces() or os.geteuid() == 0):
         return False
     from ..linux.namespaces import mount_setattr_available
 
     return mount_setattr_available()
 
 
-def user_namespaces() -> bool:
-    """Whether this process may make a user namespace (probed once)."""
-    return _userns()
-
-
 def network_namespaces() -> bool:
     """Whether a child can get its own network namespace (root, or user namespaces allowed):
     the egress proxy needs one, and without it a sandbox gets no network at all."""
-    return sys.platform.startswith("linux") and (os.geteuid() == 0 or _userns())
+    return sys.platform.startswith("linux") and (os.geteuid() == 0 or user_namespaces())
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,9 +92,9 @@ def isolation_report() -> dict[str, Any]:
         "landlock_tcp": abi >= landlock.NET_ABI,
         "landlock_scoping": abi >= landlock.SCOPE_ABI,
         "seccomp": linux and seccomp.supported_arch() is not None,
-        "user_namespace": _userns(),
-        "pid_namespace": linux and (_userns() or os.geteuid() == 0),
-        "network_namespace": linux and (_userns() or os.geteuid() == 0),
+        "user_namespace": user_namespaces(),
+        "pid_namespace": linux and (user_namespaces() or os.geteuid() == 0),
+        "network_namespace": linux and (user_namespaces() or os.geteuid() == 0),
         # Outside its writable roots the child sees the host read-only (no metadata changes).
         "read_only_host_view": read_only_view_available(),
         "rlimits": os.name == "posix",
@@ -114,8 +110,8 @@ def isolation_report() -> dict[str, Any]:
         "running_as_root": os.name == "posix" and os.geteuid() == 0,
         "child_identity": _child_identity(),
         "disk_quota": ("file_limits.max_total_bytes over what a sandbox adds to its writable "
-                       "folders and home: the monitor walks them (at most 1/20 of a core) and "
-                       "kills past it; RLIMIT_FSIZE holds each file to what is left"),
+                       "folders and home: timed walks (twenty times their cost apart, at most "
+                       "5 s) and a kill past it; RLIMIT_FSIZE holds each file to what is left"),
         "denied_paths_hidden_by": (
             "mounts in the child's namespace (an empty tmpfs or /dev/null on each; /etc and "
             '"read everywhere" need no enumeration)' if read_only_view_available() else
@@ -144,7 +140,7 @@ def missing_layers() -> list[str]:
         missing += [f"landlock:{name}" for name in landlock.LandlockRuleset().unenforced()]
     if seccomp.supported_arch() is None:
         missing.append(f"seccomp (no syscall table for {platform.machine()})")
-    if not _userns() and os.geteuid() != 0:
+    if not user_namespaces() and os.geteuid() != 0:
         missing.append("namespaces (user namespaces are refused: no PID or network namespace, "
                        "no read-only view of the host)")
     elif not read_only_view_available():

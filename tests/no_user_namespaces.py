@@ -1,0 +1,32 @@
+"""A wrapper script that runs a program where nested user namespaces are refused, without
+touching the host's setting: it makes a user namespace of its own (mapping 0 and 65534), sets
+`max_user_namespaces` to 0 there (the sysctl is per namespace) and execs `argv[1:]`. With
+`drop_to_nobody` the program runs as uid 65534 (a non-root kernel that cannot make the other
+namespaces), else as root of that namespace (a root kernel refused user namespaces)."""
+
+from __future__ import annotations
+
+
+def without_user_namespaces(*, drop_to_nobody: bool) -> str:
+    drop = "    os.setgid(65534); os.setuid(65534)\n" if drop_to_nobody else ""
+    # setgroups must stay allowed for a root program: it drops its own children's groups
+    deny = 'open(f"/proc/{pid}/setgroups", "w").write("deny")\n' if drop_to_nobody else ""
+    return f'''
+import os, sys
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    import ctypes
+    os.close(w)
+    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
+    os.read(r, 1)
+    open("/proc/sys/user/max_user_namespaces", "w").write("0")
+{drop}    os.execv(sys.argv[1], sys.argv[1:])
+os.close(r)
+import time; time.sleep(0.3)
+open(f"/proc/{{pid}}/uid_map", "w").write("0 0 1\\n65534 65534 1\\n")
+{deny}open(f"/proc/{{pid}}/gid_map", "w").write("0 0 1\\n65534 65534 1\\n")
+os.write(w, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+'''
