@@ -7,6 +7,8 @@ launchers are descendants too), or, wherever it went (a process the runner faile
 reparented away, but keeps its environment), when its environment carries the module's
 marker (as a variable, or inside a value such as PATH: the only thing a launcher keeps of its
 parent's environment) or its HOME lies in one of the folders the module handed out.
+A launcher's spare (the next run's child, made ahead and waiting, named `SPARE_NAME` until
+its run arrives) is not a leftover while its launcher lives.
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
+
+from sandbox_kernel_ext.runner.child.bootstrap import SPARE_NAME
+
+
+def is_spare(proc: psutil.Process) -> bool:
+    """Whether `proc` is a launcher's spare, waiting for a run (not a run left behind)."""
+    try:
+        return proc.name() == SPARE_NAME.decode()
+    except psutil.Error:
+        return False
 
 
 def sandbox_processes(uid: int, marker: str, homes: Iterable[str | Path] = ()) -> list[str]:
@@ -40,7 +52,7 @@ def sandbox_processes(uid: int, marker: str, homes: Iterable[str | Path] = ()) -
                 home = env.get("HOME", "")
                 ours = (any(marker in value for value in env.values())
                         or any(home == f or home.startswith(f + "/") for f in folders))
-            if ours and proc.status() != psutil.STATUS_ZOMBIE:
+            if ours and proc.status() != psutil.STATUS_ZOMBIE and not is_spare(proc):
                 found.append(f"{proc.pid} {proc.info['cmdline']}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

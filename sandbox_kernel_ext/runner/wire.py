@@ -60,11 +60,12 @@ class ChildPlan:
     gid: int | None
     # Where the egress proxy listens inside the child's network namespace (None: no network).
     proxy_port: int | None = None
-    # Paths the child covers with empty mounts before confining itself (those that exist then),
-    # as names by folder; a child that cannot mount refuses to run rather than read them.
+    # Paths the child covers with empty mounts before confining itself, as names by folder:
+    # those that existed when the plan was made (`plan.present_hidden`) and still do then. A
+    # child that cannot mount refuses to run rather than read them.
     hidden_paths: dict[str, list[str]] = field(default_factory=dict)
     # Folders root owns that the plan grants (or that hold a grant), shown to a root kernel's
-    # unprivileged child as its own through an idmapped mount ("owner_map" comes with them).
+    # unprivileged child as its own through idmapped mounts (each a "tree N" descriptor).
     owner_mapped: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

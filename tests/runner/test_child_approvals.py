@@ -26,6 +26,7 @@ from sandbox_kernel_ext import (
     SandboxError,
     SandboxManager,
 )
+from leftovers import is_spare
 from sandbox_kernel_ext.files.host_backend import TEMP_SUFFIX
 
 
@@ -123,7 +124,7 @@ def _sandbox_processes(manager: SandboxManager) -> list[psutil.Process]:
     found = []
     for process in tree:
         try:
-            if process.uids().real == 65534:
+            if process.uids().real == 65534 and not is_spare(process):
                 found.append(process)
         except psutil.Error:
             continue

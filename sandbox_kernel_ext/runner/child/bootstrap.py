@@ -1,16 +1,18 @@
 """The confined child's start: everything that runs in the launcher's two forks of a run.
 
-The launcher forks once per run (`launcher/server.py`); that first fork ("setup") runs
-`run_setup_fork`: it drops root, enters new user, PID, mount, network, IPC and UTS namespaces,
-and forks the second, which becomes PID 1 of its namespace: when it ends, the Linux kernel
-kills everything it left behind, `setsid` grandchildren included. The second mounts a private
-`/proc`, applies rlimits, drops its capabilities, closes every inherited descriptor, confines
-itself with Landlock and seccomp, and then execs the program or runs the cell (`cell.py`).
+The launcher makes each run's child ahead of the run (a "spare", `launcher/server.py`): its
+first fork ("setup") runs `run_setup_fork`: it drops root, enters new user, PID, network, IPC
+and UTS namespaces, and forks the second, which becomes PID 1 of its namespace (when it ends,
+the Linux kernel kills everything it left behind, `setsid` grandchildren included) and waits.
+When a run comes, that child reads the plan, enters a mount namespace of its own, mounts a
+private `/proc`, applies rlimits, drops its capabilities, closes every inherited descriptor,
+confines itself with Landlock and seccomp, and then execs the program or runs the cell
+(`cell.py`). Only what depends on no plan is done ahead, so no plan passes through a spare
+before its run, and the launcher never reads one.
 
 Everything here runs in a single-threaded process (the launcher never starts a thread), which
 is what makes Landlock and seccomp cover the whole child.
 """
-
 from __future__ import annotations
 
 import errno
@@ -43,15 +45,18 @@ from ..linux.namespaces import (
     drop_capabilities,
     drop_identity,
     enter_namespaces,
-    idmapped_tree,
     mount,
     set_mount_readonly,
+    unshare,
 )
-from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, read_to_end
+from ..linux.syscalls import process_name, set_process_name
+from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, read_to_end, receive_message
 
-__all__ = ["run_setup_fork", "report"]
+__all__ = ["run_setup_fork", "report", "SPARE_NAME"]
 
-NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
+# Made by a spare's setup fork, ahead of its run. The mount namespace is not among them: the
+# run's child makes it (`_run_when_asked`), so that it copies the host's mounts of that moment.
+NAMESPACES_AHEAD = CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 # A private /dev/shm per child (multiprocessing's semaphores live there); the host's is shared
 # by every process on the machine, so it is never granted.
 SHM_SIZE_MB = 64
@@ -120,9 +125,10 @@ def rules_for(plan: ChildPlan) -> landlock.LandlockRuleset | None:
     rules = landlock.LandlockRuleset()
     if rules.abi < 1:
         return None
-    for path in plan.read_paths:
+    writable = set(plan.write_paths)
+    for path in outermost(plan.read_paths, {*plan.read_paths, *writable}):
         rules.allow_read(path)
-    for path in plan.write_paths:
+    for path in outermost(plan.write_paths, writable):
         rules.allow_write(path)
     if plan.proxy_port is not None:
         rules.allow_tcp_connect(plan.proxy_port)  # the proxy is the one TCP port it may reach
@@ -130,63 +136,107 @@ def rules_for(plan: ChildPlan) -> landlock.LandlockRuleset | None:
     return rules
 
 
-def run_setup_fork(fds: dict[str, int], status_w: int, use_userns: bool) -> None:
-    """The setup fork: the plan from its memfd, namespaces, then the confined child's fork;
-    its pid (or the error) goes to the launcher on `status_w`."""
-    plan = ChildPlan.from_json(json.loads(read_to_end(fds.pop("plan"))))
-    rules = rules_for(plan)
-    trees = owner_mapped_trees(plan, fds.pop("owner_map", None))
-    root_without_userns = os.geteuid() == 0 and not use_userns
-    if os.geteuid() == 0 and use_userns and plan.uid is not None:
-        drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
-    if use_userns or os.geteuid() == 0:
-        enter_namespaces(NAMESPACES, use_userns)
+def outermost(paths: list[str], covering: set[str]) -> list[str]:
+    """`paths` without repeats and without those inside a folder of `covering`: a Landlock
+    rule grants beneath its folder, so a rule inside another with the same rights or more
+    adds nothing but its cost (a path opened, a rule added)."""
+    kept = []
+    for path in dict.fromkeys(paths):
+        folder, inside = path, False
+        while not inside and folder != os.path.dirname(folder):
+            folder = os.path.dirname(folder)
+            inside = folder in covering
+        if not inside:
+            kept.append(path)
+    return kept
+
+
+def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | None) -> None:
+    """The setup fork of a spare: it drops root (to `uid`, when the launcher is root and has
+    user namespaces), enters new user, PID, network, IPC and UTS namespaces and forks the
+    child that is PID 1 there and waits for its run on `handoff`. That child's pid (or the
+    error) goes to the launcher on `status_w`. Nothing here depends on a plan, so it all
+    happens before the run is asked for."""
+    name = process_name()
+    set_process_name(SPARE_NAME)  # first: a spare is never a nameless uid-65534 process
+    signal.set_wakeup_fd(-1)  # the launcher's wake-up pipe is not ours to write
+    close_other_fds({handoff, status_w})  # the launcher's socket above all: its end of file
+    namespaced = use_userns or os.geteuid() == 0
+    drop_root = os.geteuid() == 0 and not use_userns
+    if os.geteuid() == 0 and use_userns and uid is not None:
+        drop_identity(uid, uid)
+    if namespaced:
+        enter_namespaces(NAMESPACES_AHEAD, use_userns)
     # else: no user namespaces for an unprivileged launcher, so no namespaces at all; the
     # isolation report names the missing layer, strict mode refuses, and the manager kills
     # the child's tree by sweeping it.
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
     if pid == 0:
-        try:
-            _confine_and_run(plan, fds, status_w, rules, trees, drop_root=root_without_userns)
-        except BaseException as exc:  # noqa: BLE001
-            # The status pipe sits at STATUS_FD once the descriptors are installed; before
-            # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
-            message = f"error confine: {type(exc).__name__}: {exc}"
-            status = STATUS_FD if _fds_installed else status_w
-            if not report(status, message):
-                report(2, f"[sandbox] the child failed after confinement: {message[15:]}")
+        os.close(status_w)
+        _run_when_asked(handoff, name, new_mount_namespace=namespaced, drop_root=drop_root)
         os._exit(127)
     report(status_w, f"pid {pid}")
 
 
-_fds_installed = False  # in the confined child: whether STATUS_FD is the status pipe yet
-
-
-def owner_mapped_trees(plan: ChildPlan, owner_map: int | None) -> list[tuple[str, int]]:
-    """Detached copies of the folders root owns that the plan grants (or that hold what it
-    grants, such as /root around pyenv's interpreter), shown through `owner_map` (root as the
-    child's uid): made here, while the setup fork is still real root, and mounted in the
-    child's namespace by `_confine_and_run`, parents first. A folder whose filesystem has no
-    idmapped mounts is left as it is: its modes then decide, which fails closed (a writable
-    one was checked when the sandbox was made)."""
-    if not plan.owner_mapped:
-        return []
-    if owner_map is None:
-        raise OSError(errno.EPERM, "the plan shows root's folders as the child's, but no "
-                                   "owner mapping came with it")
-    trees = []
+def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
+                    drop_root: bool) -> None:
+    """The spare: wait for a run's descriptors (from the launcher, by name), then take back
+    the launcher's process `name`, read the plan, take a mount namespace of its own (a copy
+    of the host's mounts as they are now) and confine itself. Errors go to the run's status
+    pipe; the launcher gone, it just ends."""
+    with socket.socket(fileno=handoff) as sock:
+        data, received = receive_message(sock)
+    if not data:
+        return
+    set_process_name(name)
+    fds = dict(zip(json.loads(data)["fds"], received))
+    status_w = fds.pop("status")
     try:
-        for path in sorted(plan.owner_mapped, key=lambda p: p.count("/")):
-            try:
-                trees.append((path, idmapped_tree(path, owner_map)))
-            except OSError:
-                continue
-        return trees
-    finally:
-        os.close(owner_map)
+        plan = ChildPlan.from_json(json.loads(read_to_end(fds.pop("plan"))))
+        if plan.uid is not None and not drop_root and os.getuid() != plan.uid:
+            raise OSError(errno.EPERM, f"the launcher made this child for uid {os.getuid()}, "
+                                       f"the plan is for uid {plan.uid}")
+        trees = _owner_mapped_trees(plan, fds)
+        if new_mount_namespace:
+            unshare(CLONE_NEWNS)
+        _confine_and_run(plan, fds, status_w, rules_for(plan), trees, drop_root=drop_root)
+    except BaseException as exc:  # noqa: BLE001
+        # The status pipe sits at STATUS_FD once the descriptors are installed; before
+        # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
+        message = f"error confine: {type(exc).__name__}: {exc}"
+        status = STATUS_FD if _fds_installed else status_w
+        if not report(status, message):
+            report(2, f"[sandbox] the child failed after confinement: {message[15:]}")
 
 
-def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> int:
+_fds_installed = False  # in the confined child: whether STATUS_FD is the status pipe yet
+# What a spare calls itself in `ps` (and /proc/PID/comm) until its run arrives: a process made
+# ahead, not a run. Its run takes back the launcher's name.
+SPARE_NAME = b"sandbox-spare"
+
+
+def _owner_mapped_trees(plan: ChildPlan, fds: dict[str, int]) -> list[tuple[str, int]]:
+    """The detached copies of root's folders that came with the run ("tree N" shows
+    `plan.owner_mapped[N]` with root as the child's uid, made on the trusted side while it
+    is real root), taken out of `fds`, parents first. A folder with no tree (its filesystem
+    has no idmapped mounts) is left as it is: its modes then decide, which fails closed (a
+    writable one was checked when the sandbox was made)."""
+    trees = []
+    for name in [name for name in fds if name.startswith("tree ")]:
+        trees.append((plan.owner_mapped[int(name[5:])], fds.pop(name)))
+    return sorted(trees, key=lambda tree: tree[0].count("/"))
+
+
+def close_other_fds(keep: set[int]) -> None:
+    """Close every descriptor but `keep`: close_range() between the kept numbers, one
+    syscall per gap however many the launcher held."""
+    edges = sorted(keep)
+    for low, high in zip([-1, *edges], [*edges, _MAX_FD]):
+        if high > low + 1:  # never an empty range: closerange(n, n) would close everything
+            os.closerange(low + 1, high)
+
+
+def _install_fds(fds: dict[str, int], status_w: int) -> int:
     """Move the child's descriptors to fixed numbers and close everything else."""
     global _fds_installed
     wanted = {0: fds["stdin"], 1: fds["stdout"], 2: fds["stderr"]}
@@ -195,42 +245,17 @@ def _install_fds(fds: dict[str, int], status_w: int, ruleset_fd: int | None) -> 
         wanted[PAYLOAD_FD] = fds["payload"]
     high = {target: os.dup(source) for target, source in wanted.items()}
     status_high = os.dup(status_w)
-    keep = set(wanted) | ({ruleset_fd} if ruleset_fd is not None else set())
+    keep = set(wanted)
     for target, source in high.items():
         os.dup2(source, target, inheritable=True)
     os.dup2(status_high, STATUS_FD, inheritable=False)
     keep.add(STATUS_FD)
-    # close_range() between the kept numbers: one syscall, however many the launcher held.
-    edges = sorted(keep)
-    for low, high in zip([-1, *edges], [*edges, _MAX_FD]):
-        if high > low + 1:  # never an empty range: closerange(n, n) would close everything
-            os.closerange(low + 1, high)
+    close_other_fds(keep)
     _fds_installed = True
     return STATUS_FD
 
 
 _MAX_FD = 1 << 30  # closerange() clamps to the real table size
-
-
-def _present(hidden: dict[str, list[str]]) -> list[str]:
-    """The hidden paths that exist now. A folder with many candidates (the credential list
-    in a home) is listed once, which costs less than a stat per name; one with a few (the
-    homes' folder in /tmp) is not, since listing a crowded folder costs more."""
-    present = []
-    for folder, names in hidden.items():
-        if len(names) <= _STAT_EACH_UP_TO:
-            paths = (os.path.join(folder, name) for name in names)
-            present += [path for path in paths if os.path.lexists(path)]
-            continue
-        try:
-            listed = set(os.listdir(folder))
-        except OSError:
-            continue
-        present += [os.path.join(folder, name) for name in names if name in listed]
-    return present
-
-
-_STAT_EACH_UP_TO = 8
 
 
 class _LinkFreeWalk:
@@ -280,7 +305,8 @@ class _LinkFreeWalk:
 
 
 def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
-    """Cover each hidden path that exists now, reached without a symlink: a folder with an
+    """Cover each hidden path (the plan names those that existed when it was made) that is
+    still there, reached without a symlink: a folder with an
     empty tmpfs (one, bound onto every folder with nothing to bind back), anything else with
     /dev/null (all read-only once `view_host_read_only` has run). A symlink where a store's
     name is covers nothing: what it points at is hidden under its own name if it is a store.
@@ -290,7 +316,8 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
     covered: list[str] = []
     empty: int | None = None  # the shared empty tmpfs
     try:
-        for path in sorted(_present(hidden)):
+        for path in sorted(os.path.join(folder, name)
+                           for folder, names in hidden.items() for name in names):
             if any(is_within(path, folder) for folder in covered):
                 continue  # inside a cover already: nothing of it shows
             target = walk.open(path)
@@ -413,15 +440,14 @@ def _confine_and_run(
     os.setsid()
     if "egress" in fds:
         _hand_over_listener(plan, fds)
-    ruleset_fd = None
+    status_w = _install_fds(fds, status_w)
     if rules is not None:
-        # Built here, after our private /proc is mounted, so the /proc rule names it.
+        # Built here, after our private /proc is mounted, so the /proc rule names it, and
+        # after the fixed descriptor numbers are taken, so the ruleset's is none of them.
         rules.allow_read("/proc")
         if private_shm:
             rules.allow_write("/dev/shm")
         rules.build()
-        ruleset_fd = rules.fileno()
-    status_w = _install_fds(fds, status_w, ruleset_fd)
     os.chdir(plan.cwd)
     for name, (soft, hard) in plan.rlimits.items():
         resource.setrlimit(RLIMIT_NUMBERS[name], (soft, hard))

@@ -3,9 +3,10 @@
 Landlock and seccomp confine only the calling thread, and a Jupyter kernel has many threads,
 so no confinement ever happens in the Jupyter kernel's process. The launcher is exec'd with a scrubbed
 environment (a child's `/proc/self/environ` shows the environment its ancestors were exec'd
-with), forks a confined child per request (`child/bootstrap.py` runs in the forks), hands the
-trusted side a pidfd for it, reaps it as a child subreaper and reports its exit status and
-rusage. Its client, on the trusted side, is `trusted/launcher_client.py`.
+with), keeps the next run's child ready (a `Spare`: forked, in its namespaces, waiting), hands
+it a run's descriptors when one is asked for, gives the trusted side a pidfd for it, reaps it
+as a child subreaper and reports its exit status and rusage. `child/bootstrap.py` runs in the
+forks; the launcher's client, on the trusted side, is `trusted/launcher_client.py`.
 
 Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per message:
   trusted -> launcher  {"op": "spawn", "id": N, "fds": [names]} + fds
@@ -26,6 +27,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from ..child.bootstrap import report, run_setup_fork
@@ -35,44 +37,95 @@ from ..linux.syscalls import prctl
 from ..wire import read_to_end, receive_message, send_message
 
 PR_SET_CHILD_SUBREAPER = 36
+# The next spare is made once the launcher has had nothing to do for this long: not while a
+# quick run is still being reported (its forks would compete with it for the CPUs), yet long
+# before a person or an agent asks for the next run. A request that finds none makes one.
+SPARE_AFTER_IDLE = 0.002
 
 
-def spawn(fds: dict[str, int], *, use_userns: bool) -> tuple[int, str | None, int | None]:
-    """Fork the confined child; return (its host pid, or 0, the setup error if any, and the
-    tree's CPU clock, or None where perf counters are refused).
+class Spare:
+    """The next run's child, made before the run is asked for: two forks (the setup fork
+    enters the namespaces, its child is PID 1 there and waits on `handoff`) are most of a
+    run's start, and no plan is needed for them. The tree's CPU clock is opened on the setup
+    fork before it forks anything, so it follows every process of the tree from the first."""
 
-    `fds` holds "plan", "stdin", "stdout", "stderr" and for Python runs "control" and
-    "payload". The fork's side is `run_setup_fork`, which reads the plan; the
-    launcher reaps both forks (it is a child subreaper). The setup fork waits until the clock
-    is on it, so that the clock follows every process of the tree from the first.
-    """
-    status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
-    setup_pid = os.fork()
-    if setup_pid == 0:
+    def __init__(self, *, use_userns: bool, uid: int | None) -> None:
+        self.pid = 0  # PID 1 of the spare's namespace, as the host sees it, once known
+        self.error: str | None = None
+        handoff, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         try:
+            self.setup_pid = os.fork()
+        except BaseException:
+            for fd in (status_r, status_w, go_r, go_w):
+                os.close(fd)
+            handoff.close()
+            child_end.close()
+            raise
+        if self.setup_pid == 0:
+            try:
+                handoff.detach()  # the launcher's end: closed below with the rest
+                os.close(go_w)
+                os.read(go_r, 1)
+                os.close(go_r)
+                run_setup_fork(child_end.detach(), status_w, use_userns=use_userns, uid=uid)
+            except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
+                report(status_w, f"error setup: {type(exc).__name__}: {exc}")
+            os._exit(0)
+        child_end.close()
+        os.close(status_w)
+        os.close(go_r)
+        self.handoff = handoff
+        self.status_r: int | None = status_r  # until the setup fork has said how it went
+        self.clock = open_tree_clock(self.setup_pid)
+        os.write(go_w, b"g")
+        os.close(go_w)
+
+    def settle(self) -> None:
+        """Read what the setup fork said (it ends right after): the spare's pid or the error."""
+        if self.status_r is None:
+            return
+        status, self.status_r = read_to_end(self.status_r), None
+        try:  # it is ending: once it is gone, its child is ours (we are a subreaper)
+            os.waitpid(self.setup_pid, 0)
+        except ChildProcessError:
+            pass  # reaped already by `Launcher._reap`
+        for line in status.decode(errors="replace").splitlines():
+            if line.startswith("pid "):
+                self.pid = int(line.split()[1])
+            elif line.startswith("error "):
+                self.error = self.error or line[6:]
+        if not self.pid and not self.error:
+            self.error = "the setup fork ended without a child"
+
+    def start_run(self, fds: dict[str, int]) -> str | None:
+        """Hand the run's descriptors to the waiting child and wait until it runs (its
+        status pipe closes at exec, or once the cell starts); the error if it did not."""
+        self.settle()
+        if self.error:
+            return self.error
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            send_message(self.handoff, {"fds": [*fds, "status"]}, [*fds.values(), status_w])
+        except OSError as exc:
             os.close(status_r)
-            os.close(go_w)
-            os.read(go_r, 1)
-            os.close(go_r)
-            run_setup_fork(fds, status_w, use_userns)
-        except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
-            report(status_w, f"error setup: {type(exc).__name__}: {exc}")
-        os._exit(0)
-    os.close(status_w)
-    os.close(go_r)
-    clock = open_tree_clock(setup_pid)
-    os.write(go_w, b"g")
-    os.close(go_w)
-    status = read_to_end(status_r)
-    os.waitpid(setup_pid, 0)  # it exits right after forking; its child is now ours to reap
-    pid, error = 0, None
-    for line in status.decode(errors="replace").splitlines():
-        if line.startswith("pid "):
-            pid = int(line.split()[1])
-        elif line.startswith("error "):
-            error = error or line[6:]
-    return pid, error, clock
+            return f"the child made for this run is gone ({exc.strerror})"
+        finally:
+            os.close(status_w)
+        errors = [line[6:] for line in read_to_end(status_r).decode(errors="replace").splitlines()
+                  if line.startswith("error ")]
+        return errors[0] if errors else None
+
+    def close(self) -> None:
+        """Release the launcher's ends (the clock goes to the trusted side first, if used)."""
+        self.handoff.close()
+        if self.status_r is not None:
+            os.close(self.status_r)
+            self.status_r = None
+        if self.clock is not None:
+            os.close(self.clock)
+            self.clock = None
 
 
 class Launcher:
@@ -82,12 +135,15 @@ class Launcher:
     there, whatever happens); a pidfd it opens is closed once sent.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, uid: int | None = None) -> None:
         self.sock = sock
         self.use_userns = userns_usable()
+        self.uid = uid  # a root launcher's children run as this uid
         # Without a user namespace only root can make the others (PID one included).
         self.pid_namespaces = self.use_userns or os.geteuid() == 0
         self.live: dict[int, int] = {}  # child pid -> request id
+        self.spare: Spare | None = None
+        self.spare_due = 0.0  # when to make the next spare, while there is none
         self.wake_r = -1
 
     def serve(self) -> None:
@@ -97,13 +153,23 @@ class Launcher:
         try:
             while True:
                 ready = self._wait()
+                if not ready and self.spare is None:
+                    self._make_spare()
                 if self.wake_r in ready:
                     self._drain_wakeups()
                     self._reap()
+                if self.spare is not None and self.spare.status_r in ready:
+                    self.spare.settle()
                 if self.sock in ready and not self._handle_request():
                     break
         finally:
             self._shut_down()
+
+    def _make_spare(self) -> None:
+        try:
+            self.spare = Spare(use_userns=self.use_userns, uid=self.uid)
+        except OSError:
+            self.spare = None  # out of processes or descriptors: the next request tries again
 
     def _watch_signals(self) -> None:
         """SIGCHLD wakes the select loop through a pipe; the Jupyter kernel's interrupt is not ours."""
@@ -113,12 +179,21 @@ class Launcher:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def _wait(self) -> list[Any]:
+        """What is ready to be read; nothing once it is time to make the next spare."""
+        watched = [self.sock, self.wake_r]
+        if self.spare is not None and self.spare.status_r is not None:
+            watched.append(self.spare.status_r)
         while True:
+            timeout = None
+            if self.spare is None:
+                timeout = max(0.0, self.spare_due - time.monotonic())
             try:
-                ready, _, _ = select.select([self.sock, self.wake_r], [], [])
-                return ready
+                ready, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
+            if self.spare is None:  # any message or exit puts it off: there is work now
+                self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
+            return ready
 
     def _drain_wakeups(self) -> None:
         try:
@@ -142,6 +217,11 @@ class Launcher:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare.pid:
+                self.spare.close()  # it died waiting: another is made when all is quiet
+                self.spare = None
+                self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
+                continue
             if pid not in self.live:
                 continue  # a setup fork or an orphan reparented to us
             self._send({"op": "exited", "id": self.live.pop(pid),
@@ -149,24 +229,29 @@ class Launcher:
                         "cpu_seconds": usage.ru_utime + usage.ru_stime,
                         "maxrss_kb": usage.ru_maxrss})
             if not self.pid_namespaces:
-                kill_orphans(set(self.live))
+                kill_orphans(self._ours())
+
+    def _ours(self) -> set[int]:
+        """The children that are not orphans: the live runs and the spare."""
+        spare = {self.spare.pid, self.spare.setup_pid} if self.spare is not None else set()
+        return set(self.live) | spare
 
     def _handle_request(self) -> bool:
         """Serve one message; False once the trusted side has hung up."""
         data, fds = receive_message(self.sock)
         if not data:
             return False
-        request_id, pid, error, clock = self._start_child(data, fds)
+        request_id, spare, error = self._start_child(data, fds)
         try:
-            self._answer_spawn(request_id, pid, error, clock)
+            self._answer_spawn(request_id, spare, error)
         finally:
-            if clock is not None:
-                os.close(clock)
+            if spare is not None:
+                spare.close()
         return True
 
-    def _answer_spawn(self, request_id: Any, pid: int, error: str | None, clock: int | None
-                      ) -> None:
+    def _answer_spawn(self, request_id: Any, spare: Spare | None, error: str | None) -> None:
         """Tell the trusted side the child runs, with its pidfd (and CPU clock), or why not."""
+        pid = spare.pid if spare is not None else 0
         if error or not pid:
             if pid:  # started but unusable: end it now, and reap it here, not in _reap()
                 kill_quietly(pid)
@@ -181,14 +266,15 @@ class Launcher:
             self._send({"op": "failed", "id": request_id, "error": f"pidfd_open: {exc}"})
             return
         self.live[pid] = request_id
+        clock = spare.clock
         self._send({"op": "spawned", "id": request_id, "pid": pid,
                     "pid_namespace": self.pid_namespaces},
                    [pidfd] if clock is None else [pidfd, clock])
         os.close(pidfd)
 
-    def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, int, str | None, int | None]:
-        """(the request's id, the child's pid or 0, the error, its CPU clock); closes every
-        received fd."""
+    def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, Spare | None, str | None]:
+        """(the request's id, the spare that took the run or None, the error); closes every
+        received fd. A spare that died waiting is replaced once."""
         request_id = None
         try:
             request = json.loads(data)
@@ -196,18 +282,30 @@ class Launcher:
             names = request["fds"]
             if len(names) != len(fds):
                 raise ValueError("descriptor count does not match")
-            pid, error, clock = spawn(dict(zip(names, fds)), use_userns=self.use_userns)
-            return request_id, pid, error, clock
+            for attempt in range(2):
+                if self.spare is None:
+                    self._make_spare()
+                spare, self.spare = self.spare, None
+                self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
+                if spare is None:
+                    return request_id, None, "the launcher could not fork"
+                error = spare.start_run(dict(zip(names, fds)))
+                if not (error and error.startswith("the child made for this run is gone")
+                        and attempt == 0):
+                    return request_id, spare, error
+                spare.close()
+            return request_id, None, "unreachable"
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-            return request_id, 0, f"{type(exc).__name__}: {exc}", None
+            return request_id, None, f"{type(exc).__name__}: {exc}"
         finally:
             for fd in fds:
                 os.close(fd)
 
     def _shut_down(self) -> None:
-        """Kill every live child and whatever was reparented to us, then reap them all."""
-        for pid in list(self.live):
-            kill_quietly(pid)
+        """Kill every live child, the spare and whatever was reparented to us, then reap them all."""
+        for pid in [*self.live, *self._ours()]:
+            if pid:
+                kill_quietly(pid)
         kill_orphans(set())
         while True:
             try:
@@ -241,12 +339,14 @@ def kill_quietly(pid: int) -> None:
 
 
 def main() -> None:
-    """Entry point of the exec'd launcher: argv[1] is its end of the socket pair."""
+    """Entry point of the exec'd launcher: argv[1] is its end of the socket pair, argv[2] the
+    uid a root launcher's children run as ("" for none)."""
     from ..child import cell, session  # noqa: F401 - loaded here once, not by every child
 
     sock = socket.socket(fileno=int(sys.argv[1]))
+    uid = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
     # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
-    Launcher(sock).serve()
+    Launcher(sock, uid).serve()
 
 
 if __name__ == "__main__":

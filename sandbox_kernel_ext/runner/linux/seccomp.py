@@ -636,6 +636,9 @@ class SeccompFilter:
         self.rules = build_rules(self.allow_socket_families, inet_tcp_only=inet_tcp_only,
                                  allow_unix_pairs=allow_unix_pairs)
         self._program = compile_filter(self.rules, arch_name)
+        # The program as the kernel reads it, made once: a fork that installs it only loads it.
+        self._filters = (_SockFilter * len(self._program))(
+            *(_SockFilter(*insn) for insn in self._program))
 
     def instructions(self) -> list[tuple[int, int, int, int]]:
         """The program as (code, jt, jf, k) tuples, for inspection and tests."""
@@ -654,9 +657,8 @@ class SeccompFilter:
                 "install() filters only the calling thread and this process has "
                 f"{thread_count()} threads; call it in a single-threaded child after fork"
             )
-        program = self._program
-        filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
-        fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
+        fprog = _SockFprog(len(self._program),
+                           ctypes.cast(self._filters, ctypes.POINTER(_SockFilter)))
         set_no_new_privs()
         # PR_SET_SECCOMP takes the program pointer as its third argument.
         zero = ctypes.c_ulong(0)

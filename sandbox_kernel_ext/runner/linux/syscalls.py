@@ -59,3 +59,18 @@ def thread_count() -> int:
             f"cannot count this process's threads through /proc ({exc.strerror}); "
             "refusing to confine only one of them"
         ) from None
+
+
+PR_SET_NAME, PR_GET_NAME = 15, 16
+
+
+def process_name() -> bytes:
+    """This thread's name as `ps` shows it (/proc/self/comm), at most 15 bytes."""
+    buffer = ctypes.create_string_buffer(16)
+    prctl(PR_GET_NAME, ctypes.byref(buffer))
+    return buffer.value
+
+
+def set_process_name(name: bytes) -> None:
+    buffer = ctypes.create_string_buffer(name[:15], 16)
+    prctl(PR_SET_NAME, ctypes.byref(buffer))

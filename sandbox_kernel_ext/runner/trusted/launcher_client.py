@@ -117,7 +117,8 @@ def _sweep_descendants(pid: int) -> None:
 class LauncherClient:
     """Starts the launcher on first use and talks to it; thread-safe; restarts it if it died."""
 
-    def __init__(self) -> None:
+    def __init__(self, child_uid: int | None = None) -> None:
+        self.child_uid = child_uid  # what a root launcher's children run as
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -134,7 +135,8 @@ class LauncherClient:
         env = {name: os.environ[name] for name in LAUNCHER_ENV_NAMES if name in os.environ}
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-c", BOOTSTRAP, _PACKAGE_DIR, str(child.fileno())],
+                [sys.executable, "-I", "-c", BOOTSTRAP, _PACKAGE_DIR, str(child.fileno()),
+                 "" if self.child_uid is None else str(self.child_uid)],
                 pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, cwd="/", start_new_session=True,
             )

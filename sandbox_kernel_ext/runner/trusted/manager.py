@@ -43,7 +43,7 @@ from .isolation import (
     user_namespaces,
 )
 from .launcher_client import LauncherClient, SpawnedChild
-from .monitor import ResourceMonitor
+from .monitor import QUICK_RUN_SECONDS, ResourceMonitor
 from .plan import (
     PROXY_PORT,
     build_plan,
@@ -115,13 +115,13 @@ class SandboxManager:
     ) -> None:
         self._lock = threading.Lock()
         self._sandboxes: dict[str, _Sandbox] = {}
-        self._launcher = LauncherClient()
         self.monitor_interval = monitor_interval
         self._strict = strict
         self._is_root = os.name == "posix" and os.geteuid() == 0
         self.child_uid = (
             (child_uid if child_uid is not None else default_child_uid()) if self._is_root else None
         )
+        self._launcher = LauncherClient(self.child_uid)
         if self.child_uid == 0 and not user_namespaces():
             raise SandboxError("child_uid=0 needs user namespaces, which this host refuses: "
                                "root without one would keep what only namespaces take away")
@@ -194,6 +194,19 @@ class SandboxManager:
         except OSError:
             return False
         return True
+
+    def _owner_mapped_trees(self, plan: ChildPlan) -> dict[str, int]:
+        """Copies of root's folders the plan shows as the child's ("tree N" for
+        `plan.owner_mapped[N]`), made here, where we are real root: the child mounts them in
+        its namespace. A folder whose filesystem has no idmapped mounts gets none: its modes
+        decide, which fails closed (a writable one was checked when the sandbox was made)."""
+        trees: dict[str, int] = {}
+        for index, path in enumerate(plan.owner_mapped):
+            try:
+                trees[f"tree {index}"] = idmapped_tree(path, self._owner_map)
+            except OSError:
+                continue
+        return trees
 
     def _check_writable(self, writable: list[str]) -> None:
         """As root the child is another uid: say so now, not as an EACCES in the cell."""
@@ -300,8 +313,9 @@ class SandboxManager:
         stdin: bytes | None = None,
         on_start: StartCallback | None = None,
     ) -> SandboxResult:
-        """Run `command` (an argv list, no shell) confined; output streams to `on_output`, and
-        `on_start(monitor)` is called once the child runs (subscribe gauges there)."""
+        """Run `command` (an argv list, no shell) confined; output streams to `on_output`,
+        and `on_start(monitor)` is called once the run outlasts `QUICK_RUN_SECONDS`
+        (subscribe gauges there; a quicker run is reported by its result alone)."""
         if not isinstance(command, list) or not command:
             raise SandboxError("command must be a non-empty list of strings")
         if any(ch in command[0] for ch in ";&|`$<>\n"):
@@ -495,8 +509,8 @@ class SandboxManager:
         # memfd that only the child reads: the launcher's memory is inherited by every later
         # fork, another sandbox's cell included, so nothing of a plan may pass through it.
         plumbing.child_ends["plan"] = memfd("sandbox-plan", json.dumps(plan.to_json()).encode())
-        if plan.owner_mapped and self._owner_map is not None:
-            plumbing.child_ends["owner_map"] = os.dup(self._owner_map)
+        if self._owner_map is not None:
+            plumbing.child_ends.update(self._owner_mapped_trees(plan))
         started = time.monotonic()
         child = self._launcher.spawn(plumbing.child_ends)
         sandbox.child = child  # from here on, kill() and destroy() reach it
@@ -525,7 +539,7 @@ class SandboxManager:
             on_breach=lambda reason: self._breach(sandbox, child, reason),
             # Waiting for people stretches a run's deadline by one approval timeout at most.
             max_paused=self.broker.timeout or DEFAULT_MAX_PAUSED,
-            disk=sandbox.disk,
+            disk=sandbox.disk, started_at=started,
         )
         sandbox.monitor = monitor
         cap = int(sandbox.capability.resource_limits.max_output_mb * 1024 * 1024)
@@ -536,11 +550,15 @@ class SandboxManager:
             control = self.control_channel(sandbox, child, plumbing.take_control(),
                                            lambda: monitor, events)
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
+        watch_at = time.monotonic() + QUICK_RUN_SECONDS
         try:
-            monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock)
-            if on_start is not None:
-                on_start(monitor)
-            self._pump(child, streams, control, monitor, timeout, sandbox)
+            self._pump(child, streams, control, monitor, timeout, sandbox,
+                       until=lambda: time.monotonic() >= watch_at, wake_at=watch_at)
+            if time.monotonic() >= watch_at:  # not a quick run: watch it from now on
+                monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock)
+                if on_start is not None:
+                    on_start(monitor)
+                self._pump(child, streams, control, monitor, timeout, sandbox)
             child.exited.wait()
         except BaseException:
             self._breach(sandbox, child, "interrupted")

@@ -38,6 +38,11 @@ _MIB = 1024 * 1024
 # polls no more once stopped, so giving up here leaks nothing that outlives the process.
 _JOIN_TIMEOUT = 10.0
 _FIRST_POLL_DELAY = 0.05
+# A run or a cell that ends sooner is never polled (its usage is what the launcher and the
+# tree's CPU clock report at its end): starting the thread would cost a quick run a good part
+# of its time. The thread's own first poll comes no sooner anyway; memory has the
+# address-space rlimit as a backstop meanwhile.
+QUICK_RUN_SECONDS = 0.05
 
 
 class ResourceMonitor:
@@ -54,6 +59,7 @@ class ResourceMonitor:
         max_paused: float | None = None,
         cpu_baseline: float = 0.0,
         disk: DiskQuota | None = None,
+        started_at: float | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be positive, got {interval!r}")
@@ -74,7 +80,9 @@ class ResourceMonitor:
         self._root: psutil.Process | None = None
         self._cpu_clock = -1
 
-        self._started_at = time.monotonic()
+        # When the elapsed clock began (a `time.monotonic()` value): a run's timeout counts
+        # from the call, its start included, and runs on while the thread waits to start.
+        self._started_at = time.monotonic() if started_at is None else started_at
         self._stopped_at: float | None = None
         self._paused_seconds = 0.0  # time spent waiting for a person does not count...
         self._max_paused = max_paused  # ...up to this much in all

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 
 from ...policy.errors import SandboxError
@@ -114,14 +115,61 @@ def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...],
 
 @functools.lru_cache(maxsize=16)
 def _by_folder(paths: tuple[str, ...]) -> dict[str, list[str]]:
-    """The child lists each folder once instead of a stat per path (hundreds of candidates,
-    in a few dozen folders, most of which do not exist)."""
+    """Candidates by folder: each folder is looked at once instead of a stat per path
+    (hundreds of candidates, in a few dozen folders, most of which do not exist)."""
     folders: dict[str, list[str]] = {}
     for path in dict.fromkeys(paths):
         folder, name = os.path.split(path)
         if name:
             folders.setdefault(folder, []).append(name)
     return folders
+
+
+def present_hidden(hidden: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The hidden names that exist now, by folder: what the child covers. A folder's answer
+    is kept while the folder is unchanged (same inode, modification and change times), so a
+    run costs one stat per folder instead of a listing in the child; an answer read within
+    two seconds of the folder's last change is not kept, since a change in the same
+    timestamp tick would not show."""
+    found: dict[str, list[str]] = {}
+    now = time.time_ns()
+    for folder, names in hidden.items():
+        try:
+            info = os.stat(folder)
+        except OSError:
+            continue
+        key = (folder, tuple(names))
+        version = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+        cached = _PRESENT.get(key)
+        if cached is not None and cached[0] == version:
+            there = cached[1]
+        else:
+            there = _present_in(folder, names)
+            if now - max(info.st_mtime_ns, info.st_ctime_ns) > _SETTLED_NS:
+                if len(_PRESENT) >= _PRESENT_MAX:
+                    _PRESENT.clear()
+                _PRESENT[key] = (version, there)
+        if there:
+            found[folder] = list(there)
+    return found
+
+
+def _present_in(folder: str, names: list[str]) -> tuple[str, ...]:
+    """A folder with many candidates (the credential list in a home) is listed once, which
+    costs less than a stat per name; one with a few (the homes' folder in /tmp) is not, since
+    listing a crowded folder costs more."""
+    if len(names) <= 8:
+        return tuple(name for name in names if os.path.lexists(os.path.join(folder, name)))
+    try:
+        listed = set(os.listdir(folder))
+    except OSError:
+        return ()
+    return tuple(name for name in names if name in listed)
+
+
+_PRESENT: dict[tuple[str, tuple[str, ...]], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+_PRESENT_MAX = 4096
+_SETTLED_NS = 2_000_000_000
 
 
 def _refuse_stores_in_writable(writable: list[str], denied: Iterable[str],
@@ -436,7 +484,7 @@ def build_plan(
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,
-        hidden_paths=hidden,
+        hidden_paths=present_hidden(hidden),
         owner_mapped=(owner_mapped_paths([*writable, *(p for p in named if p != "/")],
                                          runtime_read_set()) if owner_mapping else []),
     )

@@ -30,7 +30,7 @@ from ...policy.models import SandboxResult
 from .control import CellEvents, ControlChannel, InputCallback
 from .display import DisplayOutput
 from .launcher_client import SpawnedChild
-from .monitor import ResourceMonitor, sample_tree
+from .monitor import QUICK_RUN_SECONDS, ResourceMonitor, sample_tree
 from .plumbing import OutputCallback, OutputStream, Plumbing, drain
 
 if TYPE_CHECKING:
@@ -43,10 +43,6 @@ __all__ = ["PythonSession", "SessionEnded", "DisplayCallback", "IdleWatch"]
 logger = logging.getLogger(__name__)
 DisplayCallback = Callable[[DisplayOutput], None]
 INTERRUPT_GRACE = 3.0  # seconds a cell has to stop after an interrupt before the session ends
-# A cell that ends sooner is never polled (its usage is sampled once, at its end): starting
-# the monitor's thread would cost a quick cell a third of its time. The monitor's own first
-# poll comes no sooner anyway; memory has the address-space rlimit as a backstop meanwhile.
-QUICK_CELL_SECONDS = 0.05
 
 
 class SessionEnded(SandboxError):
@@ -197,7 +193,7 @@ class PythonSession:
         try:
             self._control.send_command({"type": "run", "cell": number, "code": code,
                                         "inputs": packed, "outputs": outputs})
-            self._pump(streams, monitor, timeout, events, watch, started + QUICK_CELL_SECONDS)
+            self._pump(streams, monitor, timeout, events, watch, started + QUICK_RUN_SECONDS)
         except TimeoutError:
             manager._breach(sandbox, child, "it stopped reading its control channel")
         except OSError as exc:  # the control socket is gone: so is the session
