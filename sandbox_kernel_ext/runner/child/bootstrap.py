@@ -52,7 +52,7 @@ from ..linux.namespaces import (
 from ..linux.syscalls import process_name, set_process_name
 from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, read_to_end, receive_message
 
-__all__ = ["run_setup_fork", "report", "SPARE_NAME"]
+__all__ = ["run_setup_fork", "report", "SPARE_NAME", "TAKEN"]
 
 # Made by a spare's setup fork, ahead of its run. The mount namespace is not among them: the
 # run's child makes it (`_run_when_asked`), so that it copies the host's mounts of that moment.
@@ -191,6 +191,7 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     set_process_name(name)
     fds = dict(zip(json.loads(data)["fds"], received))
     status_w = fds.pop("status")
+    report(status_w, TAKEN)
     try:
         plan = ChildPlan.from_json(json.loads(read_to_end(fds.pop("plan"))))
         if plan.uid is not None and not drop_root and os.getuid() != plan.uid:
@@ -213,6 +214,7 @@ _fds_installed = False  # in the confined child: whether STATUS_FD is the status
 # What a spare calls itself in `ps` (and /proc/PID/comm) until its run arrives: a process made
 # ahead, not a run. Its run takes back the launcher's name.
 SPARE_NAME = b"sandbox-spare"
+TAKEN = "taken"  # the first line of a run's status: its spare has its descriptors
 
 
 def _owner_mapped_trees(plan: ChildPlan, fds: dict[str, int]) -> list[tuple[str, int]]:

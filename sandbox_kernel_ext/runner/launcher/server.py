@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from ..child.bootstrap import report, run_setup_fork
+from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import userns_usable
 from ..linux.syscalls import prctl
@@ -99,23 +99,27 @@ class Spare:
         if not self.pid and not self.error:
             self.error = "the setup fork ended without a child"
 
-    def start_run(self, fds: dict[str, int]) -> str | None:
+    def start_run(self, fds: dict[str, int]) -> tuple[bool, str | None]:
         """Hand the run's descriptors to the waiting child and wait until it runs (its
-        status pipe closes at exec, or once the cell starts); the error if it did not."""
+        status pipe closes at exec, or once the cell starts): (whether the child took the
+        run, the error if it did not start). A spare that died waiting never took it, and its
+        descriptors are untouched: another spare can take them."""
         self.settle()
         if self.error:
-            return self.error
+            return False, self.error
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         try:
             send_message(self.handoff, {"fds": [*fds, "status"]}, [*fds.values(), status_w])
         except OSError as exc:
             os.close(status_r)
-            return f"the child made for this run is gone ({exc.strerror})"
+            return False, f"the child made for this run is gone ({exc.strerror})"
         finally:
             os.close(status_w)
-        errors = [line[6:] for line in read_to_end(status_r).decode(errors="replace").splitlines()
-                  if line.startswith("error ")]
-        return errors[0] if errors else None
+        lines = read_to_end(status_r).decode(errors="replace").splitlines()
+        errors = [line[6:] for line in lines if line.startswith("error ")]
+        if TAKEN not in lines:
+            return False, errors[0] if errors else "the child made for this run ended first"
+        return True, errors[0] if errors else None
 
     def close(self) -> None:
         """Release the launcher's ends (the clock goes to the trusted side first, if used)."""
@@ -282,19 +286,21 @@ class Launcher:
             names = request["fds"]
             if len(names) != len(fds):
                 raise ValueError("descriptor count does not match")
-            for attempt in range(2):
+            error = None
+            for _ in range(2):  # a spare gone before it took the run: once more, on a new one
                 if self.spare is None:
                     self._make_spare()
                 spare, self.spare = self.spare, None
                 self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
                 if spare is None:
                     return request_id, None, "the launcher could not fork"
-                error = spare.start_run(dict(zip(names, fds)))
-                if not (error and error.startswith("the child made for this run is gone")
-                        and attempt == 0):
+                taken, error = spare.start_run(dict(zip(names, fds)))
+                if taken:
                     return request_id, spare, error
+                if spare.pid:
+                    kill_quietly(spare.pid)  # reaped as any other child of ours
                 spare.close()
-            return request_id, None, "unreachable"
+            return request_id, None, error
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
             return request_id, None, f"{type(exc).__name__}: {exc}"
         finally:

@@ -107,20 +107,19 @@ def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...],
     (`granted`: its own folders, never the top-level ones of "everywhere")."""
     if not hidden_by_mounts():
         return {}
-    named = set(granted)
-    hidden = tuple(path for path in (*etc_secrets(), *denied, *approval_roots(capability)[0])
-                   if path not in named)
-    return _by_folder(hidden)
+    return _by_folder((*etc_secrets(), *denied, *approval_roots(capability)[0]),
+                      frozenset(granted))
 
 
 @functools.lru_cache(maxsize=16)
-def _by_folder(paths: tuple[str, ...]) -> dict[str, list[str]]:
-    """Candidates by folder: each folder is looked at once instead of a stat per path
-    (hundreds of candidates, in a few dozen folders, most of which do not exist)."""
+def _by_folder(paths: tuple[str, ...], named: frozenset[str]) -> dict[str, list[str]]:
+    """Candidates but those `named`, by folder: each folder is looked at once instead of a
+    stat per path (hundreds of candidates, in a few dozen folders, most of which do not
+    exist). The same sandbox asks the same each run, so the answer is kept."""
     folders: dict[str, list[str]] = {}
     for path in dict.fromkeys(paths):
         folder, name = os.path.split(path)
-        if name:
+        if name and path not in named:
             folders.setdefault(folder, []).append(name)
     return folders
 
