@@ -67,6 +67,18 @@ class ChildPlan:
     # Folders root owns that the plan grants (or that hold a grant), shown to a root kernel's
     # unprivileged child as its own through idmapped mounts (each a "tree N" descriptor).
     owner_mapped: list[str] = field(default_factory=list)
+    # What the view above was made from, beyond these fields: the host's mount table and the
+    # folders the hidden paths were looked for in, as they were (an opaque digest). A child
+    # prepared ahead with the same `view()` has a view still true for this run.
+    view_stamp: str = ""
+
+    def view(self) -> str:
+        """Everything a child's prepared view depends on (mounts, covers, Landlock rules), as
+        one comparable string; the rest of a plan (command, environment, folder, rlimits,
+        identity checks aside) is the run's own."""
+        return json.dumps([self.read_paths, self.write_paths, self.hidden_paths,
+                           self.owner_mapped, self.uid, self.gid, self.proxy_port,
+                           self.view_stamp], sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.

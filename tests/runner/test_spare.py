@@ -28,9 +28,10 @@ from sandbox_kernel_ext.runner.child.bootstrap import SPARE_NAME
 SPARE = SPARE_NAME.decode()
 
 
-def _spares(manager: SandboxManager, wait: float = 10.0) -> list[psutil.Process]:
+def _spares(manager: SandboxManager, count: int = 1, wait: float = 10.0) -> list[psutil.Process]:
     """The launcher's waiting spares (PID 1 of their namespace; the setup fork is gone),
-    waited for: the launcher makes one once it has been idle a moment."""
+    waited for until there are `count`: the launcher makes one once it has been idle a
+    moment, and prepares one for a sandbox's next run after each run."""
     deadline = time.monotonic() + wait
     while True:
         found = []
@@ -40,7 +41,7 @@ def _spares(manager: SandboxManager, wait: float = 10.0) -> list[psutil.Process]
                     found.append(process)
             except psutil.Error:
                 continue
-        if found or time.monotonic() > deadline:
+        if len(found) >= count or time.monotonic() > deadline:
             return found
         time.sleep(0.01)
 
@@ -51,25 +52,27 @@ def manager():
         yield m
 
 
-def test_a_spare_waits_holding_only_its_end_of_the_hand_off(manager: SandboxManager) -> None:
+def test_spares_wait_holding_only_their_hand_off(manager: SandboxManager) -> None:
     sid = manager.create_sandbox(CapabilityDeclaration())
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0
-    spares = _spares(manager)
-    assert len(spares) == 1
-    fds = os.listdir(f"/proc/{spares[0].pid}/fd")
-    targets = [os.readlink(f"/proc/{spares[0].pid}/fd/{fd}") for fd in fds]
+    spares = _spares(manager, count=2)  # one for any run, one prepared for this sandbox's next
+    assert len(spares) == 2
+    held = sorted(sorted(os.readlink(f"/proc/{spare.pid}/fd/{fd}").split(":")[0]
+                         for fd in os.listdir(f"/proc/{spare.pid}/fd")) for spare in spares)
     # Not the launcher's socket to the kernel (the kernel would not see the launcher end),
-    # not its wake-up pipe, no standard streams: the run brings those.
-    assert len(targets) == 1 and targets[0].startswith("socket:"), targets
+    # not its wake-up pipe, no standard streams (the run brings those), nor the prepared
+    # view's plan: the hand-off, and the prepared one's Landlock ruleset.
+    assert held == [["anon_inode", "socket"], ["socket"]], held
 
 
 def test_a_spare_killed_while_it_waits_is_replaced(manager: SandboxManager) -> None:
     sid = manager.create_sandbox(CapabilityDeclaration())
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0
     for _ in range(3):
-        (spare,) = _spares(manager)
-        spare.send_signal(signal.SIGKILL)
-        # At once, before the launcher has reaped it: the run finds it gone and takes another.
+        for spare in _spares(manager, count=2):  # the prepared one and the other
+            spare.send_signal(signal.SIGKILL)
+        # At once, before the launcher has reaped them: the run finds them gone and takes
+        # a new one.
         result = manager.execute(sid, ["/bin/echo", "ran"])
         assert result.exit_code == 0 and result.stdout == "ran\n", result.stderr
 
@@ -79,13 +82,15 @@ def test_closing_the_manager_ends_its_spare() -> None:
     try:
         sid = manager.create_sandbox(CapabilityDeclaration())
         manager.execute(sid, ["/bin/true"])
-        (spare,) = _spares(manager)
+        spares = _spares(manager, count=2)
     finally:
         manager.close()
-    try:
-        spare.wait(timeout=10)
-    except psutil.TimeoutExpired:
-        pytest.fail(f"spare {spare.pid} outlived its manager")
+    assert len(spares) == 2
+    for spare in spares:
+        try:
+            spare.wait(timeout=10)
+        except psutil.TimeoutExpired:
+            pytest.fail(f"spare {spare.pid} outlived its manager")
 
 
 # Run in a mount namespace of its own (made by unshare(1)), so that the mount it makes never
@@ -125,3 +130,112 @@ def test_a_run_sees_a_mount_made_after_its_spare() -> None:
         assert done.stdout.strip() == "'fresh' ''", done.stdout
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- views prepared ahead
+def _prepared_spare(manager: SandboxManager) -> psutil.Process:
+    """The spare holding a prepared view (its Landlock ruleset is built already)."""
+    for spare in _spares(manager, count=2):
+        held = [os.readlink(f"/proc/{spare.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{spare.pid}/fd")]
+        if any("landlock-ruleset" in target for target in held):
+            return spare
+    pytest.fail("no spare was prepared for the sandbox's next run")
+
+
+def _ran_in(manager: SandboxManager, sid: str) -> int:
+    """The host pid of the sandbox's last run."""
+    child = manager._get(sid).child
+    assert child is not None
+    return child.pid
+
+
+READ = "import sys\ntry:\n    print(repr(open(sys.argv[1]).read()))\nexcept OSError as exc:\n    print(type(exc).__name__)"
+
+
+def test_the_next_run_takes_the_view_prepared_for_it(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(CapabilityDeclaration())
+    for _ in range(3):
+        assert manager.execute(sid, ["/bin/true"]).exit_code == 0
+        prepared = _prepared_spare(manager)
+        result = manager.execute(sid, ["/bin/echo", "ran"])
+        assert result.stdout == "ran\n", result.stderr
+        assert _ran_in(manager, sid) == prepared.pid
+
+
+@pytest.fixture
+def home() -> str:
+    """A world-readable home in /home (so the credential list covers it), settled: changed
+    more than two seconds ago, as a home usually is."""
+    folder = f"/home/sbxprep-{os.urandom(4).hex()}"
+    os.mkdir(folder, 0o755)
+    os.chmod(folder, 0o755)
+    with open(f"{folder}/notes.txt", "w") as notes:
+        notes.write("public\n")
+    past = time.time() - 10
+    os.utime(folder, (past, past))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_store_made_after_the_view_was_prepared_is_hidden(home: str) -> None:
+    everywhere = CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=None))
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(everywhere)
+        store = f"{home}/.aws/credentials"
+        first = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
+        assert first.stdout == "FileNotFoundError\n", first.stderr
+        prepared = _prepared_spare(manager)
+        os.mkdir(f"{home}/.aws", 0o755)
+        with open(store, "w") as planted:
+            planted.write("SECRET\n")
+        os.chmod(store, 0o644)
+        second = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
+        assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout
+        assert _ran_in(manager, sid) != prepared.pid  # the stale view was ended, not used
+        notes = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, f"{home}/notes.txt"])
+        assert notes.stdout == "'public\\n'\n", notes.stderr  # the control: the home is read
+
+
+def test_a_writable_folder_replaced_after_the_view_was_prepared_is_the_new_one(
+        manager: SandboxManager) -> None:
+    parent = tempfile.mkdtemp(prefix="sbx-prep-")
+    try:
+        folder = os.path.join(parent, "out")
+        os.mkdir(folder)
+        sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+            mode="read_write", writable_paths=[folder])))
+        assert manager.execute(sid, ["/bin/true"]).exit_code == 0
+        _prepared_spare(manager)
+        shutil.rmtree(folder)
+        os.mkdir(folder)
+        result = manager.execute(sid, ["/bin/sh", "-c", f"echo kept > {folder}/file"])
+        assert result.exit_code == 0, result.stderr
+        with open(os.path.join(folder, "file")) as written:
+            assert written.read() == "kept\n"  # not in the removed folder a stale view held
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_a_store_replaced_after_the_view_was_prepared_stays_hidden(home: str) -> None:
+    everywhere = CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=None))
+    store = f"{home}/.netrc"
+    with open(store, "w") as planted:
+        planted.write("OLD SECRET\n")
+    os.chmod(store, 0o644)
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(everywhere)
+        first = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
+        assert first.stdout in ("''\n", "FileNotFoundError\n"), first.stdout
+        _prepared_spare(manager)
+        # As editors and credential helpers write: a new file renamed over the old one. On
+        # the host that takes the prepared view's cover off the old file with it.
+        with open(store + ".new", "w") as fresh:
+            fresh.write("NEW SECRET\n")
+        os.chmod(store + ".new", 0o644)
+        os.rename(store + ".new", store)
+        second = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
+        assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout

@@ -183,24 +183,46 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     """The spare: wait for a run's descriptors (from the launcher, by name), then take back
     the launcher's process `name`, read the plan, take a mount namespace of its own (a copy
     of the host's mounts as they are now) and confine itself. Errors go to the run's status
-    pipe; the launcher gone, it just ends."""
+    pipe; the launcher gone, it just ends.
+
+    A spare may first be asked to prepare a sandbox's view ("prepare": the plan of that
+    sandbox's last run): its mount namespace, covers, read-only view and Landlock rules,
+    made while nobody waits. The run then must have the same view (`ChildPlan.view`), or
+    this child leaves it, untaken, to another spare."""
+    prepared: tuple[ChildPlan, _View] | None = None
     with socket.socket(fileno=handoff) as sock:
         data, received = receive_message(sock)
+        if data and json.loads(data).get("prepare"):
+            fds = dict(zip(json.loads(data)["fds"], received))
+            try:
+                plan_fd = fds.pop("plan")
+                ahead = ChildPlan.from_json(json.loads(read_plan(plan_fd)))
+                os.close(plan_fd)
+                prepared = ahead, _prepare_view(ahead, fds, new_mount_namespace=new_mount_namespace,
+                                                drop_root=drop_root)
+            except BaseException:  # noqa: BLE001 - the run, if any, goes to another spare
+                return
+            data, received = receive_message(sock)
     if not data:
         return
-    set_process_name(name)
     fds = dict(zip(json.loads(data)["fds"], received))
     status_w = fds.pop("status")
-    report(status_w, TAKEN)
     try:
-        plan = ChildPlan.from_json(json.loads(read_to_end(fds.pop("plan"))))
+        plan = ChildPlan.from_json(json.loads(read_plan(fds["plan"])))
+    except BaseException:  # noqa: BLE001 - not ours to judge: a spare made fresh reports it
+        return
+    if prepared is not None and prepared[0].view() != plan.view():
+        return  # prepared for another view: another spare takes the run
+    set_process_name(name)
+    report(status_w, TAKEN)
+    os.close(fds.pop("plan"))
+    try:
         if plan.uid is not None and not drop_root and os.getuid() != plan.uid:
             raise OSError(errno.EPERM, f"the launcher made this child for uid {os.getuid()}, "
                                        f"the plan is for uid {plan.uid}")
-        trees = _owner_mapped_trees(plan, fds)
-        if new_mount_namespace:
-            unshare(CLONE_NEWNS)
-        _confine_and_run(plan, fds, status_w, rules_for(plan), trees, drop_root=drop_root)
+        view = prepared[1] if prepared is not None else _prepare_view(
+            plan, fds, new_mount_namespace=new_mount_namespace, drop_root=drop_root)
+        _confine_and_run(plan, fds, status_w, view)
     except BaseException as exc:  # noqa: BLE001
         # The status pipe sits at STATUS_FD once the descriptors are installed; before
         # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
@@ -208,6 +230,12 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
         status = STATUS_FD if _fds_installed else status_w
         if not report(status, message):
             report(2, f"[sandbox] the child failed after confinement: {message[15:]}")
+
+
+def read_plan(fd: int) -> bytes:
+    """The plan's memfd from its start, left open: a run this child leaves untaken goes to
+    another spare with the same descriptor, and so the same file offset."""
+    return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
 _fds_installed = False  # in the confined child: whether STATUS_FD is the status pipe yet
@@ -238,21 +266,24 @@ def close_other_fds(keep: set[int]) -> None:
             os.closerange(low + 1, high)
 
 
-def _install_fds(fds: dict[str, int], status_w: int) -> int:
-    """Move the child's descriptors to fixed numbers and close everything else."""
+def _install_fds(fds: dict[str, int], status_w: int, keep: int | None = None) -> int:
+    """Move the child's descriptors to fixed numbers and close everything else but `keep`.
+    Each is first copied above the fixed numbers, so that no copy is overwritten by another
+    (a spare has closed the launcher's low descriptors: the run's may sit anywhere)."""
     global _fds_installed
     wanted = {0: fds["stdin"], 1: fds["stdout"], 2: fds["stderr"]}
     if "control" in fds:
         wanted[CONTROL_FD] = fds["control"]
         wanted[PAYLOAD_FD] = fds["payload"]
-    high = {target: os.dup(source) for target, source in wanted.items()}
-    status_high = os.dup(status_w)
-    keep = set(wanted)
+    high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, STATUS_FD + 1)
+            for target, source in wanted.items()}
+    status_high = fcntl.fcntl(status_w, fcntl.F_DUPFD, STATUS_FD + 1)
+    kept = set(wanted) | ({keep} if keep is not None else set())
     for target, source in high.items():
         os.dup2(source, target, inheritable=True)
     os.dup2(status_high, STATUS_FD, inheritable=False)
-    keep.add(STATUS_FD)
-    close_other_fds(keep)
+    kept.add(STATUS_FD)
+    close_other_fds(kept)
     _fds_installed = True
     return STATUS_FD
 
@@ -405,10 +436,24 @@ def freeze_kernel_settings() -> None:
                 raise
 
 
-def _confine_and_run(
-    plan: ChildPlan, fds: dict[str, int], status_w: int, rules: landlock.LandlockRuleset | None,
-    trees: list[tuple[str, int]], *, drop_root: bool,
-) -> None:
+class _View:
+    """What a child has made of a plan's view of the host before its run: the Landlock
+    rules, built (their descriptor above the fixed numbers), or None without Landlock."""
+
+    def __init__(self, rules: landlock.LandlockRuleset | None) -> None:
+        self.rules = rules
+
+
+def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,
+                  drop_root: bool) -> _View:
+    """Everything of a run's confinement that depends on its view alone (`ChildPlan.view`):
+    a mount namespace of its own with root's folders (the "tree N" descriptors, taken out of
+    `fds`), the covers and the read-only view, a private /proc and /dev/shm, the uid of a
+    root launcher without user namespaces, a session of its own, the Landlock rules."""
+    trees = _owner_mapped_trees(plan, fds)
+    if new_mount_namespace:
+        unshare(CLONE_NEWNS)
+    rules = rules_for(plan)
     private_shm = False
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -440,16 +485,23 @@ def _confine_and_run(
         drop_bounding_set()  # needs the capability the uid change takes away
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
     os.setsid()
-    if "egress" in fds:
-        _hand_over_listener(plan, fds)
-    status_w = _install_fds(fds, status_w)
     if rules is not None:
-        # Built here, after our private /proc is mounted, so the /proc rule names it, and
-        # after the fixed descriptor numbers are taken, so the ruleset's is none of them.
+        # Built here, after our private /proc is mounted, so the /proc rule names it.
         rules.allow_read("/proc")
         if private_shm:
             rules.allow_write("/dev/shm")
         rules.build()
+        rules.move_descriptor(STATUS_FD + 1)  # not one `_install_fds` takes
+    return _View(rules)
+
+
+def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int, view: _View) -> None:
+    """The run's part: the proxy's listener, the run's descriptors on their numbers, its
+    working folder and rlimits, then no capability, Landlock, seccomp, and the program."""
+    rules = view.rules
+    if "egress" in fds:
+        _hand_over_listener(plan, fds)
+    status_w = _install_fds(fds, status_w, keep=rules.fileno() if rules is not None else None)
     os.chdir(plan.cwd)
     for name, (soft, hard) in plan.rlimits.items():
         resource.setrlimit(RLIMIT_NUMBERS[name], (soft, hard))

@@ -41,6 +41,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # quick run is still being reported (its forks would compete with it for the CPUs), yet long
 # before a person or an agent asks for the next run. A request that finds none makes one.
 SPARE_AFTER_IDLE = 0.002
+# Spares that hold a sandbox's prepared view (its mounts, covers and Landlock rules, made from
+# the plan of its last run, by key); past this many, the oldest is ended.
+PREPARED_MAX = 4
 
 
 class Spare:
@@ -99,6 +102,19 @@ class Spare:
         if not self.pid and not self.error:
             self.error = "the setup fork ended without a child"
 
+    def prepare(self, names: list[str], fds: list[int]) -> bool:
+        """Have the waiting child make a view ahead of its run (from the plan of the same
+        sandbox's last run); False if it is gone. Nothing comes back: a child whose view
+        failed, or does not fit the run, leaves the run untaken to another spare."""
+        self.settle()
+        if self.error:
+            return False
+        try:
+            send_message(self.handoff, {"prepare": True, "fds": names}, fds)
+        except OSError:
+            return False
+        return True
+
     def start_run(self, fds: dict[str, int]) -> tuple[bool, str | None]:
         """Hand the run's descriptors to the waiting child and wait until it runs (its
         status pipe closes at exec, or once the cell starts): (whether the child took the
@@ -147,6 +163,7 @@ class Launcher:
         self.pid_namespaces = self.use_userns or os.geteuid() == 0
         self.live: dict[int, int] = {}  # child pid -> request id
         self.spare: Spare | None = None
+        self.prepared: dict[str, Spare] = {}  # by the key the trusted side gave its view
         self.spare_due = 0.0  # when to make the next spare, while there is none
         self.wake_r = -1
 
@@ -226,6 +243,9 @@ class Launcher:
                 self.spare = None
                 self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
                 continue
+            for key, spare in list(self.prepared.items()):
+                if spare.pid == pid:  # a prepared one died waiting: its run takes another
+                    self.prepared.pop(key).close()
             if pid not in self.live:
                 continue  # a setup fork or an orphan reparented to us
             self._send({"op": "exited", "id": self.live.pop(pid),
@@ -237,14 +257,29 @@ class Launcher:
 
     def _ours(self) -> set[int]:
         """The children that are not orphans: the live runs and the spare."""
-        spare = {self.spare.pid, self.spare.setup_pid} if self.spare is not None else set()
-        return set(self.live) | spare
+        spares = [*self.prepared.values(), *([self.spare] if self.spare is not None else [])]
+        return set(self.live) | {pid for spare in spares for pid in (spare.pid, spare.setup_pid)}
 
     def _handle_request(self) -> bool:
         """Serve one message; False once the trusted side has hung up."""
         data, fds = receive_message(self.sock)
         if not data:
             return False
+        try:
+            request = json.loads(data)
+            op = request["op"] if isinstance(request, dict) else None
+        except (ValueError, KeyError):
+            op = None
+        if op in ("prepare", "discard"):
+            try:
+                if op == "prepare":
+                    self._prepare(str(request.get("key")), request.get("fds"), fds)
+                else:
+                    self._discard(str(request.get("key")))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            return True
         request_id, spare, error = self._start_child(data, fds)
         try:
             self._answer_spawn(request_id, spare, error)
@@ -276,9 +311,46 @@ class Launcher:
                    [pidfd] if clock is None else [pidfd, clock])
         os.close(pidfd)
 
+    def _prepare(self, key: str, names: Any, fds: list[int]) -> None:
+        """Give the waiting spare a sandbox's view to make, kept under `key` for its next run."""
+        if not isinstance(names, list) or len(names) != len(fds):
+            return
+        self._discard(key)
+        spare = self._take_spare()
+        if spare is None:
+            return
+        if not spare.prepare(names, fds):
+            self._end(spare)
+            return
+        while len(self.prepared) >= PREPARED_MAX:
+            self._end(self.prepared.pop(next(iter(self.prepared))))
+        self.prepared[key] = spare
+
+    def _discard(self, key: str) -> None:
+        if key in self.prepared:
+            self._end(self.prepared.pop(key))
+
+    def _take_spare(self) -> Spare | None:
+        """The waiting spare (made now if there is none); the next is made when all is quiet."""
+        if self.spare is None:
+            self._make_spare()
+        spare, self.spare = self.spare, None
+        self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
+        return spare
+
+    @staticmethod
+    def _end(spare: Spare) -> None:
+        """Kill a spare no run will take (it is reaped as any other child of ours)."""
+        spare.settle()
+        if spare.pid:
+            kill_quietly(spare.pid)
+        spare.close()
+
     def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, Spare | None, str | None]:
         """(the request's id, the spare that took the run or None, the error); closes every
-        received fd. A spare that died waiting is replaced once."""
+        received fd. The spare prepared for the request's key goes first; a spare that did
+        not take the run (gone, or prepared for another view) is ended, and a fresh one
+        tried, once."""
         request_id = None
         try:
             request = json.loads(data)
@@ -287,19 +359,15 @@ class Launcher:
             if len(names) != len(fds):
                 raise ValueError("descriptor count does not match")
             error = None
-            for _ in range(2):  # a spare gone before it took the run: once more, on a new one
-                if self.spare is None:
-                    self._make_spare()
-                spare, self.spare = self.spare, None
-                self.spare_due = time.monotonic() + SPARE_AFTER_IDLE
+            prepared = self.prepared.pop(str(request.get("key")), None)
+            for attempt in range(3 if prepared is not None else 2):
+                spare = prepared if attempt == 0 and prepared is not None else self._take_spare()
                 if spare is None:
                     return request_id, None, "the launcher could not fork"
                 taken, error = spare.start_run(dict(zip(names, fds)))
                 if taken:
                     return request_id, spare, error
-                if spare.pid:
-                    kill_quietly(spare.pid)  # reaped as any other child of ours
-                spare.close()
+                self._end(spare)
             return request_id, None, error
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
             return request_id, None, f"{type(exc).__name__}: {exc}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import stat
 import sys
@@ -380,6 +381,14 @@ class LandlockRuleset:
     def fileno(self) -> int | None:
         """The built ruleset's descriptor (None before `build()`)."""
         return self._ruleset_fd
+
+    def move_descriptor(self, lowest: int) -> None:
+        """Give the built ruleset a descriptor number of `lowest` or more (a child that
+        builds it early puts its own descriptors on fixed low numbers later)."""
+        if self._ruleset_fd is not None and self._ruleset_fd < lowest:
+            moved = fcntl.fcntl(self._ruleset_fd, fcntl.F_DUPFD_CLOEXEC, lowest)
+            os.close(self._ruleset_fd)
+            self._ruleset_fd = moved
 
     def close(self) -> None:
         """Close the ruleset descriptor (a confined child must not keep it)."""

@@ -148,10 +148,11 @@ class LauncherClient:
         )
         self._reader.start()
 
-    def spawn(self, fds: dict[str, int]) -> SpawnedChild:
+    def spawn(self, fds: dict[str, int], key: str | None = None) -> SpawnedChild:
         """Ask for a child and return at once; `wait_started()` on the result waits for it
         (so the caller can record it first, and a kill in between is not lost). `fds` are
-        the child's descriptors by name, its plan's memfd ("plan") among them."""
+        the child's descriptors by name, its plan's memfd ("plan") among them; `key` names
+        a view prepared for it (`prepare`), if any."""
         child = SpawnedChild()
         with self._lock:
             if self._sock is None or self._process is None or self._process.poll() is not None:
@@ -160,7 +161,7 @@ class LauncherClient:
             self._next_id += 1
             request_id = self._next_id
             self._pending[request_id] = child
-            message = {"op": "spawn", "id": request_id, "fds": list(fds)}
+            message = {"op": "spawn", "id": request_id, "fds": list(fds), "key": key}
             assert self._sock is not None
             try:
                 send_message(self._sock, message, list(fds.values()))
@@ -168,6 +169,25 @@ class LauncherClient:
                 self._pending.pop(request_id, None)
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
         return child
+
+    def prepare(self, key: str, fds: dict[str, int]) -> None:
+        """Have a spare make a view ahead (the plan's memfd and trees in `fds`), for a
+        spawn with the same `key`; nothing is started for it if the launcher is not running.
+        The caller still closes `fds`."""
+        self._send_if_running({"op": "prepare", "key": key, "fds": list(fds)}, list(fds.values()))
+
+    def discard(self, key: str) -> None:
+        """End the spare prepared under `key` (its sandbox is gone, or its view is stale)."""
+        self._send_if_running({"op": "discard", "key": key})
+
+    def _send_if_running(self, message: dict[str, object], fds: list[int] = ()) -> None:
+        with self._lock:
+            if self._sock is None or self._process is None or self._process.poll() is not None:
+                return
+            try:
+                send_message(self._sock, message, fds)
+            except OSError:
+                pass  # gone: the next spawn starts it again
 
     def _read_loop(self, sock: socket.socket) -> None:
         while True:

@@ -81,6 +81,8 @@ class _Sandbox:
     egress_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EGRESS_LOG_LIMIT))
     session: PythonSession | None = None  # the session its child serves, if it is one
     disk: DiskQuota | None = None  # its writable folders and home, when file_limits has a quota
+    # (key, view) of the spare the launcher keeps prepared for its next run (`_prepare_next`)
+    prepared: tuple[str, str] | None = None
 
 
 class SandboxManager:
@@ -251,6 +253,9 @@ class SandboxManager:
             sandbox.session.close("sandbox destroyed")
         with self._lock:
             self._sandboxes.pop(sandbox_id, None)
+            prepared, sandbox.prepared = sandbox.prepared, None
+        if prepared is not None:
+            self._launcher.discard(prepared[0])
         if sandbox.proxy is not None:
             sandbox.proxy.close()
         shutil.rmtree(sandbox.home, ignore_errors=True)
@@ -403,7 +408,41 @@ class SandboxManager:
             raise
         sandbox.status = SandboxStatus.stopped
         sandbox.runs += 1
+        self._prepare_next(sandbox, plan)
         return result
+
+    def _prepare_next(self, sandbox: _Sandbox, plan: ChildPlan) -> None:
+        """Have the launcher make this sandbox's view (mounts, covers, Landlock rules) for
+        its next run now, while nobody waits. The next run uses it only if its own plan has
+        the same view (`ChildPlan.view`: the same grants, covers, identity, and a host whose
+        mount table and hidden folders have not changed since); otherwise it is ended."""
+        with self._lock:
+            if self._sandboxes.get(sandbox.sandbox_id) is not sandbox or sandbox.session:
+                return
+            previous, sandbox.prepared = sandbox.prepared, None
+        if previous is not None:
+            self._launcher.discard(previous[0])
+        key = uuid.uuid4().hex
+        fds = {"plan": memfd("sandbox-view", json.dumps(plan.to_json()).encode())}
+        try:
+            if self._owner_map is not None:
+                fds.update(self._owner_mapped_trees(plan))
+            self._launcher.prepare(key, fds)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        sandbox.prepared = (key, plan.view())
+
+    def _prepared_key(self, sandbox: _Sandbox, plan: ChildPlan) -> str | None:
+        """The key of the spare prepared for this run's view, if its view is still this one;
+        a stale one is ended."""
+        prepared, sandbox.prepared = sandbox.prepared, None
+        if prepared is None:
+            return None
+        if prepared[1] == plan.view():
+            return prepared[0]
+        self._launcher.discard(prepared[0])
+        return None
 
     def _claim(self, sandbox: _Sandbox) -> SandboxStatus:
         """Mark the sandbox running (one child at a time); its status before."""
@@ -512,7 +551,7 @@ class SandboxManager:
         if self._owner_map is not None:
             plumbing.child_ends.update(self._owner_mapped_trees(plan))
         started = time.monotonic()
-        child = self._launcher.spawn(plumbing.child_ends)
+        child = self._launcher.spawn(plumbing.child_ends, self._prepared_key(sandbox, plan))
         sandbox.child = child  # from here on, kill() and destroy() reach it
         try:
             child.wait_started()

@@ -295,8 +295,11 @@ class ResourceMonitor:
 
     def _run(self) -> None:
         # The first sample waits a moment: a child's first milliseconds (its first output) are
-        # when the caller is busiest, and a scan of /proc then would only compete with it.
-        self._stop_event.wait(min(self._interval, _FIRST_POLL_DELAY))
+        # when the caller is busiest, and a scan of /proc then would only compete with it. A
+        # watch started that late (after `QUICK_RUN_SECONDS`) samples at once.
+        with self._lock:
+            first = self._started_at + min(self._interval, _FIRST_POLL_DELAY) - time.monotonic()
+        self._stop_event.wait(max(0.0, first))
         while not self._stop_event.is_set():
             try:
                 self._poll()

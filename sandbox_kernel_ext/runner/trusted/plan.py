@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import hashlib
+import json
 import math
 import os
+import select
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 
@@ -124,18 +128,23 @@ def _by_folder(paths: tuple[str, ...], named: frozenset[str]) -> dict[str, list[
     return folders
 
 
-def present_hidden(hidden: dict[str, list[str]]) -> dict[str, list[str]]:
+def present_hidden(hidden: dict[str, list[str]],
+                   versions: list[object] | None = None) -> dict[str, list[str]]:
     """The hidden names that exist now, by folder: what the child covers. A folder's answer
     is kept while the folder is unchanged (same inode, modification and change times), so a
     run costs one stat per folder instead of a listing in the child; an answer read within
     two seconds of the folder's last change is not kept, since a change in the same
-    timestamp tick would not show."""
+    timestamp tick would not show. `versions` gets, for each folder, its identity and that of
+    each hidden entry found in it (what `view_stamp` is made of: an entry replaced since a
+    view was prepared makes it another view)."""
     found: dict[str, list[str]] = {}
     now = time.time_ns()
     for folder, names in hidden.items():
         try:
             info = os.stat(folder)
         except OSError:
+            if versions is not None:
+                versions.append(None)
             continue
         key = (folder, tuple(names))
         version = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
@@ -148,9 +157,56 @@ def present_hidden(hidden: dict[str, list[str]]) -> dict[str, list[str]]:
                 if len(_PRESENT) >= _PRESENT_MAX:
                     _PRESENT.clear()
                 _PRESENT[key] = (version, there)
+        if versions is not None:
+            versions.append((info.st_dev, info.st_ino,
+                             [_entry_identity(os.path.join(folder, name)) for name in there]))
         if there:
             found[folder] = list(there)
     return found
+
+
+def _entry_identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_ctime_ns
+
+
+class _MountTable:
+    """Counts the changes of this process's mount table, which the launcher and its spares
+    share until a run takes a namespace of its own: /proc/self/mounts polls as changed once
+    a mount comes or goes. Where it cannot be watched, every look is a change."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._poller: select.poll | None = None
+        self._fd = -1
+        self._generation = 0
+
+    def generation(self) -> str:
+        with self._lock:
+            if self._fd < 0:
+                try:
+                    self._fd = os.open("/proc/self/mounts", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    return os.urandom(8).hex()
+                self._poller = select.poll()
+                self._poller.register(self._fd, select.POLLPRI | select.POLLERR)
+            assert self._poller is not None
+            if self._poller.poll(0):
+                self._generation += 1
+            return str(self._generation)
+
+
+MOUNT_TABLE = _MountTable()
+
+
+def view_stamp(versions: list[object]) -> str:
+    """The digest of what a view was made from beyond the plan's own fields: the mount
+    table's generation, the hidden entries' and the granted folders' identities."""
+    text = json.dumps([MOUNT_TABLE.generation(), versions], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _present_in(folder: str, names: list[str]) -> tuple[str, ...]:
@@ -447,6 +503,7 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     homes = os.path.realpath(homes_folder())
+    versions: list[object] = []
     named = explicit_grants(capability)
     hidden = hidden_paths(capability, denied, named)
     _refuse_stores_in_writable(writable, denied, named)
@@ -472,18 +529,31 @@ def build_plan(
                     "the interpreter's or system folder", "read_approval")
     if not any(is_within(workdir, path) for path in [*read_paths, *write_paths]):
         raise SandboxError(f"working directory {workdir} is not readable under this policy")
+    owner_mapped = (owner_mapped_paths([*writable, *(p for p in named if p != "/")],
+                                       runtime_read_set()) if owner_mapping else [])
+    write_paths = list(dict.fromkeys(write_paths))
+    # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
+    versions += [_identity(path) for path in (*read_paths, *write_paths, *owner_mapped)]
     return ChildPlan(
         kind=kind,
         argv=argv,
         env=child_env,
         cwd=workdir,
         read_paths=read_paths,
-        write_paths=list(dict.fromkeys(write_paths)),
+        write_paths=write_paths,
         rlimits=rlimits_for(capability, kind, disk_headroom),
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,
-        hidden_paths=present_hidden(hidden),
-        owner_mapped=(owner_mapped_paths([*writable, *(p for p in named if p != "/")],
-                                         runtime_read_set()) if owner_mapping else []),
+        hidden_paths=present_hidden(hidden, versions),
+        view_stamp=view_stamp(versions),
+        owner_mapped=owner_mapped,
     )
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
