@@ -153,13 +153,22 @@ READ = "import sys\ntry:\n    print(repr(open(sys.argv[1]).read()))\nexcept OSEr
 
 
 def test_the_next_run_takes_the_view_prepared_for_it(manager: SandboxManager) -> None:
-    sid = manager.create_sandbox(CapabilityDeclaration())
-    for _ in range(3):
-        assert manager.execute(sid, ["/bin/true"]).exit_code == 0
-        prepared = _prepared_spare(manager)
-        result = manager.execute(sid, ["/bin/echo", "ran"])
-        assert result.stdout == "ran\n", result.stderr
-        assert _ran_in(manager, sid) == prepared.pid
+    # A narrow policy: with "everywhere" the view covers the whole host's folders, so any
+    # change of its top level between two runs is (rightly) a new view. A store planted in
+    # any home, or another sandbox made, is one either way: this needs a quiet host.
+    folder = tempfile.mkdtemp(prefix="sbx-prep-")
+    try:
+        os.chmod(folder, 0o755)
+        sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+            mode="read_only", readable_paths=[folder])))
+        for _ in range(3):
+            assert manager.execute(sid, ["/bin/true"]).exit_code == 0
+            prepared = _prepared_spare(manager)
+            result = manager.execute(sid, ["/bin/echo", "ran"])
+            assert result.stdout == "ran\n", result.stderr
+            assert _ran_in(manager, sid) == prepared.pid
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

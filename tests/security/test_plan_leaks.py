@@ -9,6 +9,7 @@ scans its own memory for it, and for the first sandbox's home name.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 
 import pytest
@@ -94,13 +95,20 @@ def test_the_launcher_is_never_sent_a_plan(manager: SandboxManager) -> None:
     try:
         sid = manager.create_sandbox(CapabilityDeclaration())
         token = secrets.token_hex(16)
-        assert manager.execute(sid, ["/bin/echo", token]).stdout == token + "\n"
+        for _ in range(2):  # the second run takes the view prepared after the first
+            assert manager.execute(sid, ["/bin/echo", token]).stdout == token + "\n"
+        home = manager._get(sid).home
         manager.destroy(sid)
     finally:
         launcher_client.send_message = original
     spawns = [m for m in sent if m.get("op") == "spawn"]
-    assert spawns and all(set(m) == {"op", "id", "fds"} and "plan" in m["fds"] for m in spawns)
-    assert token not in json.dumps(sent)
+    assert len(spawns) == 2 and all(set(m) == {"op", "id", "fds", "key"} and "plan" in m["fds"]
+                                    for m in spawns)
+    # A prepared view's key is an opaque token; what the view is made of is on a memfd too.
+    prepares = [m for m in sent if m.get("op") == "prepare"]
+    assert prepares and all(set(m) == {"op", "key", "fds"} and "plan" in m["fds"] for m in prepares)
+    assert spawns[1]["key"] == prepares[0]["key"]
+    assert token not in json.dumps(sent) and os.path.basename(home) not in json.dumps(sent)
 
 
 def test_another_sandboxes_folders_and_home_never_reach_a_cell(manager: SandboxManager) -> None:

@@ -50,7 +50,7 @@ from ..linux.namespaces import (
     unshare,
 )
 from ..linux.syscalls import process_name, set_process_name
-from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, read_to_end, receive_message
+from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, receive_message
 
 __all__ = ["run_setup_fork", "report", "SPARE_NAME", "TAKEN"]
 

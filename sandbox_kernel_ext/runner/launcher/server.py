@@ -3,15 +3,20 @@
 Landlock and seccomp confine only the calling thread, and a Jupyter kernel has many threads,
 so no confinement ever happens in the Jupyter kernel's process. The launcher is exec'd with a scrubbed
 environment (a child's `/proc/self/environ` shows the environment its ancestors were exec'd
-with), keeps the next run's child ready (a `Spare`: forked, in its namespaces, waiting), hands
-it a run's descriptors when one is asked for, gives the trusted side a pidfd for it, reaps it
-as a child subreaper and reports its exit status and rusage. `child/bootstrap.py` runs in the
-forks; the launcher's client, on the trusted side, is `trusted/launcher_client.py`.
+with), keeps the next run's child ready (a `Spare`: forked, in its namespaces, waiting) and a
+few more that hold a sandbox's view prepared for its next run, hands a run's descriptors to one
+of them when a run is asked for, gives the trusted side a pidfd for it, reaps it as a child
+subreaper and reports its exit status and rusage. `child/bootstrap.py` runs in the forks; the
+launcher's client, on the trusted side, is `trusted/launcher_client.py`.
 
 Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per message:
-  trusted -> launcher  {"op": "spawn", "id": N, "fds": [names]} + fds
+  trusted -> launcher  {"op": "spawn", "id": N, "fds": [names], "key": K or null} + fds
                        (the plan is one of the fds, a memfd only the child reads: the
-                       launcher's memory, which every later fork inherits, never holds one)
+                       launcher's memory, which every later fork inherits, never holds one;
+                       K names the view prepared for this run, if any)
+                       {"op": "prepare", "key": K, "fds": [names]} + fds (a plan's memfd and
+                       root's folders: a spare makes that view now, for the run that names K)
+                       {"op": "discard", "key": K} (that view is stale, or its sandbox gone)
   launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B}
                        + [pidfd] or [pidfd, CPU clock of the tree]
                        {"op": "failed", "id": N, "error": "..."}

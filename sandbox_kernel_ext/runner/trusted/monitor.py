@@ -131,7 +131,12 @@ class ResourceMonitor:
             self._cpu_clock = cpu_clock
             self._started_at = time.monotonic() if started_at is None else started_at
             self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread to be had (the host out of processes): nothing to stop
+            with self._lock:
+                self._thread = None
+            raise
 
     def stop(self) -> None:
         """Stop polling and join the thread. Idempotent; safe from `on_breach` itself."""

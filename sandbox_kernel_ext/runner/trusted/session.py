@@ -30,7 +30,7 @@ from ...policy.models import SandboxResult
 from .control import CellEvents, ControlChannel, InputCallback
 from .display import DisplayOutput
 from .launcher_client import SpawnedChild
-from .monitor import QUICK_RUN_SECONDS, ResourceMonitor, sample_tree
+from .monitor import ResourceMonitor, sample_tree
 from .plumbing import OutputCallback, OutputStream, Plumbing, drain
 
 if TYPE_CHECKING:
@@ -193,7 +193,8 @@ class PythonSession:
         try:
             self._control.send_command({"type": "run", "cell": number, "code": code,
                                         "inputs": packed, "outputs": outputs})
-            self._pump(streams, monitor, timeout, events, watch, started + QUICK_RUN_SECONDS)
+            self._pump(streams, monitor, timeout, events, watch,
+                       started + manager.quick_run_seconds)
         except TimeoutError:
             manager._breach(sandbox, child, "it stopped reading its control channel")
         except OSError as exc:  # the control socket is gone: so is the session
