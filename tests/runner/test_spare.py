@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import psutil
@@ -37,7 +38,9 @@ def _spares(manager: SandboxManager, count: int = 1, wait: float = 10.0) -> list
         found = []
         for process in psutil.Process(manager.launcher_pid).children():
             try:
-                if process.name() == SPARE and process.status() != psutil.STATUS_ZOMBIE:
+                # Not a setup fork (named so too) before it has handed its child over.
+                if (process.name() == SPARE and process.status() != psutil.STATUS_ZOMBIE
+                        and not process.children()):
                     found.append(process)
             except psutil.Error:
                 continue
@@ -248,3 +251,81 @@ def test_a_store_replaced_after_the_view_was_prepared_stays_hidden(home: str) ->
         os.rename(store + ".new", store)
         second = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
         assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout
+
+
+# --------------------------------------------------- a host process of the child's uid
+def _as_child_uid(action) -> str:  # type: ignore[no-untyped-def]
+    """Run `action()` in a fork that is the children's uid (65534) on the host, as a daemon
+    running as `nobody` would be; its result, or the error it raised, as text."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            outcome = repr(action())
+        except BaseException as exc:  # noqa: BLE001
+            outcome = f"{type(exc).__name__}: {exc}"
+        os.write(write, outcome.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        outcome = answer.read()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+def _take_descriptor(pid: int, fd: int) -> int:
+    """pidfd_getfd(2): a copy of another process's descriptor, as ptrace would allow."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd, the same on every arch
+        if got < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return got
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="children run as the kernel's own uid otherwise")
+def test_a_host_process_of_the_childs_uid_cannot_take_a_waiting_spare(
+        manager: SandboxManager) -> None:
+    folder = tempfile.mkdtemp(prefix="sbx-prep-")  # root's: shown to the child by a tree
+    try:
+        sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+            mode="read_write", writable_paths=[folder])))
+        assert manager.execute(sid, ["/bin/true"]).exit_code == 0
+        for spare in _spares(manager, count=2):
+            for fd in os.listdir(f"/proc/{spare.pid}/fd"):
+                outcome = _as_child_uid(lambda: _take_descriptor(spare.pid, int(fd)))
+                assert outcome.startswith("PermissionError"), outcome
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="children run as the kernel's own uid otherwise")
+def test_a_stopped_spare_does_not_hold_up_the_run(manager: SandboxManager) -> None:
+    sid = manager.create_sandbox(CapabilityDeclaration())
+    assert manager.execute(sid, ["/bin/true"]).exit_code == 0
+    spares = _spares(manager, count=2)
+    for spare in spares:  # as any process of the child's uid may
+        assert _as_child_uid(lambda: os.kill(spare.pid, signal.SIGSTOP)) == "None"
+    box: list = []
+    runner = threading.Thread(target=lambda: box.append(
+        manager.execute(sid, ["/bin/echo", "hi"], timeout=30)))
+    runner.start()
+    runner.join(timeout=300)  # liveness, not speed: without a deadline it never returns
+    try:
+        assert not runner.is_alive(), "the run waited on a stopped spare"
+        assert box[0].stdout == "hi\n", box[0].stderr
+    finally:
+        for spare in spares:
+            try:
+                spare.kill()
+            except psutil.Error:
+                pass
+        runner.join()

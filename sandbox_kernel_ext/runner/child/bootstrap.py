@@ -39,6 +39,7 @@ from ..linux.namespaces import (
     MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
+    PR_SET_DUMPABLE,
     attach_tree,
     bind_mount,
     drop_bounding_set,
@@ -49,7 +50,7 @@ from ..linux.namespaces import (
     set_mount_readonly,
     unshare,
 )
-from ..linux.syscalls import process_name, set_process_name
+from ..linux.syscalls import prctl, process_name, set_process_name
 from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, receive_message
 
 __all__ = ["run_setup_fork", "report", "SPARE_NAME", "TAKEN"]
@@ -167,6 +168,10 @@ def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | 
         drop_identity(uid, uid)
     if namespaced:
         enter_namespaces(NAMESPACES_AHEAD, use_userns)
+    # Not to be traced while it waits: a host process of the child's uid (65534 is `nobody`,
+    # which daemons use) could take its descriptors (pidfd_getfd) or act in its namespaces,
+    # where root's folders are the child's. It becomes traceable again once confined.
+    prctl(PR_SET_DUMPABLE, 0)
     # else: no user namespaces for an unprivileged launcher, so no namespaces at all; the
     # isolation report names the missing layer, strict mode refuses, and the manager kills
     # the child's tree by sweeping it.
@@ -484,6 +489,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     if drop_root and plan.uid is not None:
         drop_bounding_set()  # needs the capability the uid change takes away
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
+        prctl(PR_SET_DUMPABLE, 0)  # a view prepared ahead waits: not to be traced meanwhile
     os.setsid()
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.
@@ -508,6 +514,7 @@ def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int, view: 
     drop_capabilities()
     if rules is not None:
         rules.restrict_self()
+    prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it holds nothing more
     syscall_filter = EGRESS_SYSCALL_FILTER if plan.proxy_port is not None else SYSCALL_FILTER
     if syscall_filter is not None:
         syscall_filter.install()

@@ -46,6 +46,10 @@ PR_SET_CHILD_SUBREAPER = 36
 # quick run is still being reported (its forks would compete with it for the CPUs), yet long
 # before a person or an agent asks for the next run. A request that finds none makes one.
 SPARE_AFTER_IDLE = 0.002
+# How long a spare may take to take a run it was handed (it answers at once unless stopped
+# or starved), and the child to be running after that (its confinement takes milliseconds).
+TAKE_TIMEOUT = 2.0
+START_TIMEOUT = 30.0
 # Spares that hold a sandbox's prepared view (its mounts, covers and Landlock rules, made from
 # the plan of its last run, by key); past this many, the oldest is ended.
 PREPARED_MAX = 4
@@ -136,10 +140,15 @@ class Spare:
             return False, f"the child made for this run is gone ({exc.strerror})"
         finally:
             os.close(status_w)
-        lines = read_to_end(status_r).decode(errors="replace").splitlines()
+        lines, timed_out = _status_lines(status_r)
         errors = [line[6:] for line in lines if line.startswith("error ")]
         if TAKEN not in lines:
-            return False, errors[0] if errors else "the child made for this run ended first"
+            return False, errors[0] if errors else (
+                f"the child made for this run did not take it within {TAKE_TIMEOUT:g} s"
+                if timed_out else "the child made for this run ended first")
+        if timed_out:
+            kill_quietly(self.pid)  # stopped, or stuck: it must not start later, unwatched
+            return True, f"the child did not start within {START_TIMEOUT:g} s"
         return True, errors[0] if errors else None
 
     def close(self) -> None:
@@ -151,6 +160,27 @@ class Spare:
         if self.clock is not None:
             os.close(self.clock)
             self.clock = None
+
+
+def _status_lines(status_r: int) -> tuple[list[str], bool]:
+    """A run's status lines until its pipe closes (then closed), and whether a deadline
+    passed first: `TAKE_TIMEOUT` for the first line, `START_TIMEOUT` for the rest. A spare
+    can be stopped (SIGSTOP) by any process of its uid; the launcher, which serves every run
+    of its manager in turn, must not wait on it for ever."""
+    data = b""
+    start = time.monotonic()
+    try:
+        while True:
+            limit = TAKE_TIMEOUT if b"\n" not in data else START_TIMEOUT
+            left = start + limit - time.monotonic()
+            if left <= 0 or not select.select([status_r], [], [], left)[0]:
+                return data.decode(errors="replace").splitlines(), True
+            chunk = os.read(status_r, 65536)
+            if not chunk:
+                return data.decode(errors="replace").splitlines(), False
+            data += chunk
+    finally:
+        os.close(status_r)
 
 
 class Launcher:
