@@ -7,12 +7,15 @@ the Linux kernel kills everything it left behind, `setsid` grandchildren include
 When a run comes, that child reads the plan, enters a mount namespace of its own, mounts a
 private `/proc`, applies rlimits, drops its capabilities, closes every inherited descriptor,
 confines itself with Landlock and seccomp, and then execs the program or runs the cell
-(`cell.py`). Only what depends on no plan is done ahead, so no plan passes through a spare
-before its run, and the launcher never reads one.
+(`cell.py`). A spare may also be given a sandbox's view to make before its next run (the
+mount namespace to the Landlock rules, `_prepare_view`), from the plan of its last run without
+the command or environment; the run takes it only if its own plan has the same view. The
+launcher never reads a plan.
 
 Everything here runs in a single-threaded process (the launcher never starts a thread), which
 is what makes Landlock and seccomp cover the whole child.
 """
+
 from __future__ import annotations
 
 import errno
@@ -194,7 +197,7 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     sandbox's last run): its mount namespace, covers, read-only view and Landlock rules,
     made while nobody waits. The run then must have the same view (`ChildPlan.view`), or
     this child leaves it, untaken, to another spare."""
-    prepared: tuple[ChildPlan, _View] | None = None
+    prepared: tuple[ChildPlan, landlock.LandlockRuleset | None] | None = None
     with socket.socket(fileno=handoff) as sock:
         data, received = receive_message(sock)
         if data and json.loads(data).get("prepare"):
@@ -225,9 +228,9 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
         if plan.uid is not None and not drop_root and os.getuid() != plan.uid:
             raise OSError(errno.EPERM, f"the launcher made this child for uid {os.getuid()}, "
                                        f"the plan is for uid {plan.uid}")
-        view = prepared[1] if prepared is not None else _prepare_view(
+        rules = prepared[1] if prepared is not None else _prepare_view(
             plan, fds, new_mount_namespace=new_mount_namespace, drop_root=drop_root)
-        _confine_and_run(plan, fds, status_w, view)
+        _confine_and_run(plan, fds, status_w, rules)
     except BaseException as exc:  # noqa: BLE001
         # The status pipe sits at STATUS_FD once the descriptors are installed; before
         # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
@@ -441,20 +444,13 @@ def freeze_kernel_settings() -> None:
                 raise
 
 
-class _View:
-    """What a child has made of a plan's view of the host before its run: the Landlock
-    rules, built (their descriptor above the fixed numbers), or None without Landlock."""
-
-    def __init__(self, rules: landlock.LandlockRuleset | None) -> None:
-        self.rules = rules
-
-
 def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,
-                  drop_root: bool) -> _View:
+                  drop_root: bool) -> landlock.LandlockRuleset | None:
     """Everything of a run's confinement that depends on its view alone (`ChildPlan.view`):
     a mount namespace of its own with root's folders (the "tree N" descriptors, taken out of
     `fds`), the covers and the read-only view, a private /proc and /dev/shm, the uid of a
-    root launcher without user namespaces, a session of its own, the Landlock rules."""
+    root launcher without user namespaces, a session of its own; then the Landlock rules,
+    built (their descriptor above the fixed numbers), or None without Landlock."""
     trees = _owner_mapped_trees(plan, fds)
     if new_mount_namespace:
         unshare(CLONE_NEWNS)
@@ -498,13 +494,13 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
             rules.allow_write("/dev/shm")
         rules.build()
         rules.move_descriptor(STATUS_FD + 1)  # not one `_install_fds` takes
-    return _View(rules)
+    return rules
 
 
-def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int, view: _View) -> None:
+def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
+                     rules: landlock.LandlockRuleset | None) -> None:
     """The run's part: the proxy's listener, the run's descriptors on their numbers, its
     working folder and rlimits, then no capability, Landlock, seccomp, and the program."""
-    rules = view.rules
     if "egress" in fds:
         _hand_over_listener(plan, fds)
     status_w = _install_fds(fds, status_w, keep=rules.fileno() if rules is not None else None)
