@@ -39,7 +39,7 @@ from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import userns_usable
 from ..linux.syscalls import prctl
-from ..wire import read_to_end, receive_message, send_message
+from ..wire import receive_message, send_message
 
 PR_SET_CHILD_SUBREAPER = 36
 # The next spare is made once the launcher has had nothing to do for this long: not while a
@@ -98,12 +98,16 @@ class Spare:
         """Read what the setup fork said (it ends right after): the spare's pid or the error."""
         if self.status_r is None:
             return
-        status, self.status_r = read_to_end(self.status_r), None
-        try:  # it is ending: once it is gone, its child is ours (we are a subreaper)
+        status_r, self.status_r = self.status_r, None
+        lines, _ = _status_lines(status_r, rest=0.0)  # its one line is all it has to say
+        # Its work is done (or it is stuck: a process of its uid can stop it): ended here,
+        # its child is ours to reap (we are a subreaper).
+        kill_quietly(self.setup_pid)
+        try:
             os.waitpid(self.setup_pid, 0)
         except ChildProcessError:
             pass  # reaped already by `Launcher._reap`
-        for line in status.decode(errors="replace").splitlines():
+        for line in lines:
             if line.startswith("pid "):
                 self.pid = int(line.split()[1])
             elif line.startswith("error "):
@@ -162,16 +166,18 @@ class Spare:
             self.clock = None
 
 
-def _status_lines(status_r: int) -> tuple[list[str], bool]:
-    """A run's status lines until its pipe closes (then closed), and whether a deadline
-    passed first: `TAKE_TIMEOUT` for the first line, `START_TIMEOUT` for the rest. A spare
-    can be stopped (SIGSTOP) by any process of its uid; the launcher, which serves every run
-    of its manager in turn, must not wait on it for ever."""
+def _status_lines(status_r: int, *, rest: float = START_TIMEOUT) -> tuple[list[str], bool]:
+    """The status lines on `status_r` until it closes (then closed), and whether a deadline
+    passed first: `TAKE_TIMEOUT` for the first line, `rest` more seconds for the others. A
+    spare or its setup fork can be stopped (SIGSTOP) by any process of its uid; the launcher,
+    which serves every run of its manager in turn, must not wait on one for ever."""
     data = b""
     start = time.monotonic()
     try:
         while True:
-            limit = TAKE_TIMEOUT if b"\n" not in data else START_TIMEOUT
+            if b"\n" in data and rest <= 0:
+                return data.decode(errors="replace").splitlines(), False
+            limit = TAKE_TIMEOUT if b"\n" not in data else TAKE_TIMEOUT + rest
             left = start + limit - time.monotonic()
             if left <= 0 or not select.select([status_r], [], [], left)[0]:
                 return data.decode(errors="replace").splitlines(), True
@@ -291,7 +297,7 @@ class Launcher:
                 kill_orphans(self._ours())
 
     def _ours(self) -> set[int]:
-        """The children that are not orphans: the live runs and the spare."""
+        """The children that are not orphans: the live runs and the spares."""
         spares = [*self.prepared.values(), *([self.spare] if self.spare is not None else [])]
         return set(self.live) | {pid for spare in spares for pid in (spare.pid, spare.setup_pid)}
 
