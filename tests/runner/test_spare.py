@@ -329,3 +329,26 @@ def test_a_stopped_spare_does_not_hold_up_the_run(manager: SandboxManager) -> No
             except psutil.Error:
                 pass
         runner.join()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a home of another uid")
+def test_a_cover_the_prepared_view_could_not_place_is_not_missing_later(home: str) -> None:
+    """The spare (uid 65534) cannot enter a closed home, so its view has no cover there;
+    once the home is opened, a run must not take that view (a fresh child covers it)."""
+    everywhere = CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=None))
+    store = f"{home}/.aws/credentials"
+    os.mkdir(f"{home}/.aws", 0o755)
+    with open(store, "w") as planted:
+        planted.write("SECRET\n")
+    os.chmod(store, 0o644)
+    os.chown(home, 1000, 1000)
+    os.chmod(home, 0o700)
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(everywhere)
+        first = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
+        assert first.stdout == "PermissionError\n", first.stdout
+        _prepared_spare(manager)
+        os.chmod(home, 0o755)  # only the home's mode changes
+        second = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
+        assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout

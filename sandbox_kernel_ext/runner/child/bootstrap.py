@@ -197,7 +197,7 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     sandbox's last run): its mount namespace, covers, read-only view and Landlock rules,
     made while nobody waits. The run then must have the same view (`ChildPlan.view`), or
     this child leaves it, untaken, to another spare."""
-    prepared: tuple[ChildPlan, landlock.LandlockRuleset | None] | None = None
+    prepared: tuple[ChildPlan, tuple[landlock.LandlockRuleset | None, set[int]]] | None = None
     with socket.socket(fileno=handoff) as sock:
         data, received = receive_message(sock)
         if data and json.loads(data).get("prepare"):
@@ -219,8 +219,9 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
         plan = ChildPlan.from_json(json.loads(read_plan(fds["plan"])))
     except BaseException:  # noqa: BLE001 - not ours to judge: a spare made fresh reports it
         return
-    if prepared is not None and prepared[0].view() != plan.view():
-        return  # prepared for another view: another spare takes the run
+    if prepared is not None and (prepared[0].view() != plan.view()
+                                 or not covers_hold(plan.hidden_paths, prepared[1][1])):
+        return  # prepared for another view, or the host has changed it: not this run's
     set_process_name(name)
     report(status_w, TAKEN)
     os.close(fds.pop("plan"))
@@ -228,7 +229,7 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
         if plan.uid is not None and not drop_root and os.getuid() != plan.uid:
             raise OSError(errno.EPERM, f"the launcher made this child for uid {os.getuid()}, "
                                        f"the plan is for uid {plan.uid}")
-        rules = prepared[1] if prepared is not None else _prepare_view(
+        rules, _ = prepared[1] if prepared is not None else _prepare_view(
             plan, fds, new_mount_namespace=new_mount_namespace, drop_root=drop_root)
         _confine_and_run(plan, fds, status_w, rules)
     except BaseException as exc:  # noqa: BLE001
@@ -345,16 +346,18 @@ class _LinkFreeWalk:
                 os.close(fd)
 
 
-def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
+def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> set[int]:
     """Cover each hidden path (the plan names those that existed when it was made) that is
     still there, reached without a symlink: a folder with an
     empty tmpfs (one, bound onto every folder with nothing to bind back), anything else with
     /dev/null (all read-only once `view_host_read_only` has run). A symlink where a store's
     name is covers nothing: what it points at is hidden under its own name if it is a store.
     A granted path inside a hidden folder (this sandbox's home, in the folder of every
-    sandbox's home) is bound back on top, through a descriptor taken before the cover."""
+    sandbox's home) is bound back on top, through a descriptor taken before the cover.
+    Returns the devices of the folders' covers (`covers_hold` checks against them)."""
     walk = _LinkFreeWalk()
     covered: list[str] = []
+    devices: set[int] = set()
     empty: int | None = None  # the shared empty tmpfs
     try:
         for path in sorted(os.path.join(folder, name)
@@ -373,8 +376,13 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
                           if p != path and is_within(p, path) and os.path.exists(p)]
                 if inside or empty is None:
                     _cover_folder(f"/proc/self/fd/{target}", inside)
-                    if not inside:
-                        empty = walk.open(path)  # the new tmpfs, to bind elsewhere
+                    cover = walk.open(path)  # the new tmpfs
+                    if cover is not None:
+                        devices.add(os.fstat(cover).st_dev)
+                        if not inside and empty is None:
+                            empty, cover = cover, None  # to bind onto the next ones
+                        if cover is not None:
+                            os.close(cover)
                 else:
                     mount(f"/proc/self/fd/{empty}", f"/proc/self/fd/{target}", None, MS_BIND)
             finally:
@@ -383,6 +391,33 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> None:
         walk.close()
         if empty is not None:
             os.close(empty)
+    return devices
+
+
+def covers_hold(hidden: dict[str, list[str]], devices: set[int]) -> bool:
+    """Whether every hidden path that a walk without symlinks reaches now is a cover: a
+    folder on one of the covers' `devices`, or /dev/null. A view prepared ahead may have
+    lost one since (the host renamed a file over a covered one, which takes its cover
+    away) or never had it (its folder was closed to this uid then, or a symlink)."""
+    null = os.stat("/dev/null").st_rdev
+    walk = _LinkFreeWalk()
+    try:
+        for path in (os.path.join(folder, name)
+                     for folder, names in hidden.items() for name in names):
+            found = walk.open(path)
+            if found is None:
+                continue  # not there, or not reachable from here: nor from the run
+            try:
+                info = os.fstat(found)
+            finally:
+                os.close(found)
+            if stat.S_ISCHR(info.st_mode) and info.st_rdev == null:
+                continue
+            if not (stat.S_ISDIR(info.st_mode) and info.st_dev in devices):
+                return False
+        return True
+    finally:
+        walk.close()
 
 
 def _cover_folder(target: str, inside: list[str]) -> None:
@@ -445,17 +480,19 @@ def freeze_kernel_settings() -> None:
 
 
 def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,
-                  drop_root: bool) -> landlock.LandlockRuleset | None:
+                  drop_root: bool) -> tuple[landlock.LandlockRuleset | None, set[int]]:
     """Everything of a run's confinement that depends on its view alone (`ChildPlan.view`):
     a mount namespace of its own with root's folders (the "tree N" descriptors, taken out of
     `fds`), the covers and the read-only view, a private /proc and /dev/shm, the uid of a
-    root launcher without user namespaces, a session of its own; then the Landlock rules,
-    built (their descriptor above the fixed numbers), or None without Landlock."""
+    root launcher without user namespaces, a session of its own. Returns the Landlock
+    rules, built (their descriptor above the fixed numbers; None without Landlock), and the
+    devices of the covers."""
     trees = _owner_mapped_trees(plan, fds)
     if new_mount_namespace:
         unshare(CLONE_NEWNS)
     rules = rules_for(plan)
     private_shm = False
+    devices: set[int] = set()
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
     except OSError as exc:
@@ -471,7 +508,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
         for path, tree in trees:
             attach_tree(tree, path)
             os.close(tree)
-        hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
+        devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
     try:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -494,7 +531,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
             rules.allow_write("/dev/shm")
         rules.build()
         rules.move_descriptor(STATUS_FD + 1)  # not one `_install_fds` takes
-    return rules
+    return rules, devices
 
 
 def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,

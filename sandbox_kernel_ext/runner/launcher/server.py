@@ -39,7 +39,7 @@ from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import userns_usable
 from ..linux.syscalls import prctl
-from ..wire import receive_message, send_message
+from ..wire import read_to_end, receive_message, send_message
 
 PR_SET_CHILD_SUBREAPER = 36
 # The next spare is made once the launcher has had nothing to do for this long: not while a
@@ -99,14 +99,12 @@ class Spare:
         if self.status_r is None:
             return
         status_r, self.status_r = self.status_r, None
-        lines, _ = _status_lines(status_r, rest=0.0)  # its one line is all it has to say
+        data, _ = _read_status(status_r, rest=0.0)  # its one line is all it has to say
+        lines = data.decode(errors="replace").splitlines()
         # Its work is done (or it is stuck: a process of its uid can stop it): ended here,
         # its child is ours to reap (we are a subreaper).
         kill_quietly(self.setup_pid)
-        try:
-            os.waitpid(self.setup_pid, 0)
-        except ChildProcessError:
-            pass  # reaped already by `Launcher._reap`
+        _reap_quietly(self.setup_pid)  # unless `Launcher._reap` already has
         for line in lines:
             if line.startswith("pid "):
                 self.pid = int(line.split()[1])
@@ -144,15 +142,26 @@ class Spare:
             return False, f"the child made for this run is gone ({exc.strerror})"
         finally:
             os.close(status_w)
-        lines, timed_out = _status_lines(status_r)
+        data, timed_out = _read_status(status_r, close=False)
+        try:
+            if timed_out:
+                # Ended before it can start later, unwatched; then what it said by then is
+                # read whole, so a run it took at the last moment fails instead of running
+                # twice (here and in the next spare).
+                kill_quietly(self.pid)
+                data += read_to_end(status_r)
+                status_r = -1
+        finally:
+            if status_r >= 0:
+                os.close(status_r)
+        lines = data.decode(errors="replace").splitlines()
         errors = [line[6:] for line in lines if line.startswith("error ")]
         if TAKEN not in lines:
             return False, errors[0] if errors else (
                 f"the child made for this run did not take it within {TAKE_TIMEOUT:g} s"
                 if timed_out else "the child made for this run ended first")
         if timed_out:
-            kill_quietly(self.pid)  # stopped, or stuck: it must not start later, unwatched
-            return True, f"the child did not start within {START_TIMEOUT:g} s"
+            return True, f"the child did not start within {TAKE_TIMEOUT + START_TIMEOUT:g} s"
         return True, errors[0] if errors else None
 
     def close(self) -> None:
@@ -166,27 +175,37 @@ class Spare:
             self.clock = None
 
 
-def _status_lines(status_r: int, *, rest: float = START_TIMEOUT) -> tuple[list[str], bool]:
-    """The status lines on `status_r` until it closes (then closed), and whether a deadline
-    passed first: `TAKE_TIMEOUT` for the first line, `rest` more seconds for the others. A
-    spare or its setup fork can be stopped (SIGSTOP) by any process of its uid; the launcher,
-    which serves every run of its manager in turn, must not wait on one for ever."""
+def _read_status(status_r: int, *, rest: float = START_TIMEOUT,
+                 close: bool = True) -> tuple[bytes, bool]:
+    """What comes on `status_r` until it closes (then closed, if `close`), and whether a
+    deadline passed first: `TAKE_TIMEOUT` for the first line, `rest` more seconds for the
+    others (with none, the first line is all). A spare or its setup fork can be stopped
+    (SIGSTOP) by any process of its uid; the launcher, which serves every run of its manager
+    in turn, must not wait on one for ever."""
     data = b""
     start = time.monotonic()
     try:
         while True:
             if b"\n" in data and rest <= 0:
-                return data.decode(errors="replace").splitlines(), False
+                return data, False
             limit = TAKE_TIMEOUT if b"\n" not in data else TAKE_TIMEOUT + rest
             left = start + limit - time.monotonic()
             if left <= 0 or not select.select([status_r], [], [], left)[0]:
-                return data.decode(errors="replace").splitlines(), True
+                return data, True
             chunk = os.read(status_r, 65536)
             if not chunk:
-                return data.decode(errors="replace").splitlines(), False
+                return data, False
             data += chunk
     finally:
-        os.close(status_r)
+        if close:
+            os.close(status_r)
+
+
+def _reap_quietly(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 class Launcher:
@@ -335,14 +354,14 @@ class Launcher:
         if error or not pid:
             if pid:  # started but unusable: end it now, and reap it here, not in _reap()
                 kill_quietly(pid)
-                os.waitpid(pid, 0)
+                _reap_quietly(pid)
             self._send({"op": "failed", "id": request_id, "error": error or "no child started"})
             return
         try:
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
             kill_quietly(pid)
-            os.waitpid(pid, 0)
+            _reap_quietly(pid)
             self._send({"op": "failed", "id": request_id, "error": f"pidfd_open: {exc}"})
             return
         self.live[pid] = request_id

@@ -442,7 +442,11 @@ class SandboxManager:
         finally:
             for fd in fds.values():
                 os.close(fd)
-        sandbox.prepared = (key, plan.view())
+        with self._lock:
+            if self._sandboxes.get(sandbox.sandbox_id) is sandbox:
+                sandbox.prepared, key = (key, plan.view()), None
+        if key is not None:  # destroyed meanwhile: nothing may wait for it
+            self._launcher.discard(key)
 
     def _prepared_key(self, sandbox: _Sandbox, plan: ChildPlan) -> str | None:
         """The key of the spare prepared for this run's view, if its view is still this one;
