@@ -313,15 +313,16 @@ class _LinkFreeWalk:
     def open(self, path: str) -> int | None:
         """A new descriptor of `path`, or None (a symlink on the way, or nothing there)."""
         folder, name = os.path.split(path.rstrip("/"))
-        parent = self._folder(folder)
+        parent = self.folder(folder)
         if parent is None or not name:
             return None
         return self._step(parent, name)
 
-    def _folder(self, folder: str) -> int | None:
+    def folder(self, folder: str) -> int | None:
+        """A descriptor of `folder` (kept; None: a symlink on the way, or not a folder)."""
         if folder not in self.folders:
             above, name = os.path.split(folder)
-            parent = self._folder(above)
+            parent = self.folder(above)
             fd = self._step(parent, name) if parent is not None else None
             if fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):
                 os.close(fd)
@@ -402,19 +403,19 @@ def covers_hold(hidden: dict[str, list[str]], devices: set[int]) -> bool:
     null = os.stat("/dev/null").st_rdev
     walk = _LinkFreeWalk()
     try:
-        for path in (os.path.join(folder, name)
-                     for folder, names in hidden.items() for name in names):
-            found = walk.open(path)
-            if found is None:
-                continue  # not there, or not reachable from here: nor from the run
-            try:
-                info = os.fstat(found)
-            finally:
-                os.close(found)
-            if stat.S_ISCHR(info.st_mode) and info.st_rdev == null:
-                continue
-            if not (stat.S_ISDIR(info.st_mode) and info.st_dev in devices):
-                return False
+        for folder, names in hidden.items():
+            parent = walk.folder(folder)
+            for name in names if parent is not None else ():
+                try:  # what is there, a mount on it included; a symlink is not followed
+                    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                except OSError:
+                    continue  # not there, or not reachable from here: nor from the run
+                if stat.S_ISLNK(info.st_mode):
+                    continue  # covers nothing, and nothing needs covering there
+                if stat.S_ISCHR(info.st_mode) and info.st_rdev == null:
+                    continue
+                if not (stat.S_ISDIR(info.st_mode) and info.st_dev in devices):
+                    return False
         return True
     finally:
         walk.close()
@@ -524,6 +525,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
         prctl(PR_SET_DUMPABLE, 0)  # a view prepared ahead waits: not to be traced meanwhile
     os.setsid()
+    drop_bounding_set()  # no exec may grant a capability; the sets themselves go at the run
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.
         rules.allow_read("/proc")

@@ -185,14 +185,29 @@ def _has_effective(cap: int) -> bool:
     return bool(data[cap // 32].effective & (1 << (cap % 32)))
 
 
+def _last_capability() -> int:
+    """The highest capability this Linux kernel knows (read once: a child then makes no
+    call past it); 63 where /proc cannot tell, the loop below stops at the first unknown."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as known:
+            return int(known.read())
+    except (OSError, ValueError):
+        return 63
+
+
+_LAST_CAP = _last_capability()
+_bounding_set_empty = False  # in this process, by `drop_bounding_set`
+
+
 def drop_bounding_set() -> None:
     """Empty the bounding set, so no later exec can grant a capability. It needs CAP_SETPCAP,
     so it runs before any change of uid; holding it, a capability that stays raises. Without
     it (an unprivileged process with no user namespace) nothing can be dropped, and
     `no_new_privs` is what keeps an exec from granting anything."""
-    if not _has_effective(CAP_SETPCAP):
+    global _bounding_set_empty
+    if _bounding_set_empty or not _has_effective(CAP_SETPCAP):
         return
-    for cap in range(64):
+    for cap in range(_LAST_CAP + 1):
         try:
             prctl(PR_CAPBSET_DROP, cap)
         except OSError:
@@ -204,6 +219,7 @@ def drop_bounding_set() -> None:
                 raise
             if still_held:
                 raise
+    _bounding_set_empty = True  # a set once emptied stays so: no second pass
 
 
 def drop_capabilities() -> None:
