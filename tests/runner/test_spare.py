@@ -352,3 +352,39 @@ def test_a_cover_the_prepared_view_could_not_place_is_not_missing_later(home: st
         os.chmod(home, 0o755)  # only the home's mode changes
         second = manager.execute(sid, [sys.executable, "-I", "-S", "-c", READ, store])
         assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="children run as the kernel's own uid otherwise")
+@pytest.mark.xfail(strict=True, reason=(
+    "known limit (README): a root kernel's children run as 65534, nobody's uid; a host process "
+    "of that uid may trace a confined run and, through its /proc/PID/root, use the root's "
+    "folder it is shown as its own, set-user-ID modes included (the run's seccomp filter is "
+    "the run's, not the tracer's). A uid of the sandboxes' own closes it (child_uid=)"))
+def test_a_host_process_of_the_childs_uid_cannot_plant_a_setuid_file_through_a_run(
+        manager: SandboxManager) -> None:
+    folder = tempfile.mkdtemp(prefix="sbx-setuid-")  # root's, shown to the child by a tree
+    try:
+        sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
+            mode="read_write", writable_paths=[folder])))
+        box: list = []
+        runner = threading.Thread(target=lambda: box.append(
+            manager.execute(sid, ["/bin/sh", "-c", "echo up; sleep 5"],
+                            on_output=lambda stream, text: started.set())))
+        started = threading.Event()
+        runner.start()
+        started.wait(30)
+        pid = manager._get(sid).child.pid
+        planted = f"/proc/{pid}/root{folder}/planted"
+
+        def plant() -> None:
+            os.close(os.open(planted, os.O_CREAT | os.O_WRONLY, 0o755))
+            os.chmod(planted, 0o4755)
+
+        outcome = _as_child_uid(plant)
+        manager.kill(sid, "done")
+        runner.join()
+        on_host = os.path.join(folder, "planted")
+        made = os.path.exists(on_host) and os.stat(on_host)
+        assert not (made and made.st_uid == 0 and made.st_mode & 0o4000), outcome
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

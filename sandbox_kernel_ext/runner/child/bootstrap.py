@@ -549,10 +549,10 @@ def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
     drop_capabilities()
     if rules is not None:
         rules.restrict_self()
-    prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it holds nothing more
     syscall_filter = EGRESS_SYSCALL_FILTER if plan.proxy_port is not None else SYSCALL_FILTER
     if syscall_filter is not None:
         syscall_filter.install()
+    prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it is wholly confined
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)

@@ -63,6 +63,7 @@ class Spare:
 
     def __init__(self, *, use_userns: bool, uid: int | None) -> None:
         self.pid = 0  # PID 1 of the spare's namespace, as the host sees it, once known
+        self.setup_reaped = False
         self.error: str | None = None
         handoff, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
@@ -103,8 +104,10 @@ class Spare:
         lines = data.decode(errors="replace").splitlines()
         # Its work is done (or it is stuck: a process of its uid can stop it): ended here,
         # its child is ours to reap (we are a subreaper).
-        kill_quietly(self.setup_pid)
-        _reap_quietly(self.setup_pid)  # unless `Launcher._reap` already has
+        if not self.setup_reaped:  # by `Launcher._reap`: its pid may be another's by now
+            kill_quietly(self.setup_pid)
+            _reap_quietly(self.setup_pid)
+            self.setup_reaped = True
         for line in lines:
             if line.startswith("pid "):
                 self.pid = int(line.split()[1])
@@ -298,6 +301,9 @@ class Launcher:
                 return
             if pid == 0:
                 return
+            for spare in (self.spare, *self.prepared.values()):
+                if spare is not None and pid == spare.setup_pid:
+                    spare.setup_reaped = True
             if self.spare is not None and pid == self.spare.pid:
                 self.spare.close()  # it died waiting: another is made when all is quiet
                 self.spare = None
@@ -318,7 +324,8 @@ class Launcher:
     def _ours(self) -> set[int]:
         """The children that are not orphans: the live runs and the spares."""
         spares = [*self.prepared.values(), *([self.spare] if self.spare is not None else [])]
-        return set(self.live) | {pid for spare in spares for pid in (spare.pid, spare.setup_pid)}
+        return set(self.live) | {pid for spare in spares for pid in (
+            spare.pid, 0 if spare.setup_reaped else spare.setup_pid) if pid}
 
     def _handle_request(self) -> bool:
         """Serve one message; False once the trusted side has hung up."""

@@ -249,8 +249,11 @@ def _write(path: str, text: str) -> None:
 def enter_namespaces(flags: int, use_userns: bool) -> None:
     """Unshare `flags`; in a new user namespace our own uid and gid map to themselves (no
     root inside it)."""
+    global _bounding_set_empty
     uid, gid = os.geteuid(), os.getegid()
     unshare(flags | (CLONE_NEWUSER if use_userns else 0))
+    if use_userns:
+        _bounding_set_empty = False  # a new user namespace comes with a full one
     if use_userns:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")

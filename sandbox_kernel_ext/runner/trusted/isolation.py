@@ -79,7 +79,10 @@ def _child_identity() -> str:
             "a folder of root's on the way to them, such as /root) are shown as its own through "
             "idmapped mounts: what it creates there is root's (the Jupyter kernel runs as root; "
             "child_uid=0 runs children as root in a user namespace with every capability "
-            "dropped, which reads root's private files)")
+            "dropped, which reads root's private files). Not closed: 65534 is also nobody's, "
+            "and a host process of that uid can trace a confined run and write, set-user-ID "
+            "modes included, in the root's folders it is shown as its own; a uid no host "
+            "process uses (child_uid=N) closes that")
 
 
 def isolation_report() -> dict[str, Any]:
