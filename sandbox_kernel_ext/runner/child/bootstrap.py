@@ -200,8 +200,9 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     prepared: tuple[ChildPlan, tuple[landlock.LandlockRuleset | None, set[int]]] | None = None
     with socket.socket(fileno=handoff) as sock:
         data, received = receive_message(sock)
-        if data and json.loads(data).get("prepare"):
-            fds = dict(zip(json.loads(data)["fds"], received))
+        message = json.loads(data) if data else {}
+        if message.get("prepare"):
+            fds = dict(zip(message["fds"], received))
             try:
                 plan_fd = fds.pop("plan")
                 ahead = ChildPlan.from_json(json.loads(read_plan(plan_fd)))
@@ -211,9 +212,10 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
             except BaseException:  # noqa: BLE001 - the run, if any, goes to another spare
                 return
             data, received = receive_message(sock)
+            message = json.loads(data) if data else {}
     if not data:
         return
-    fds = dict(zip(json.loads(data)["fds"], received))
+    fds = dict(zip(message["fds"], received))
     status_w = fds.pop("status")
     try:
         plan = ChildPlan.from_json(json.loads(read_plan(fds["plan"])))

@@ -334,9 +334,9 @@ class Launcher:
             return False
         try:
             request = json.loads(data)
-            op = request["op"] if isinstance(request, dict) else None
-        except (ValueError, KeyError):
-            op = None
+        except ValueError as exc:
+            request = f"{type(exc).__name__}: {exc}"  # not a request: the spawn path says so
+        op = request.get("op") if isinstance(request, dict) else None
         if op in ("prepare", "discard"):
             try:
                 if op == "prepare":
@@ -347,7 +347,7 @@ class Launcher:
                 for fd in fds:
                     os.close(fd)
             return True
-        request_id, spare, error = self._start_child(data, fds)
+        request_id, spare, error = self._start_child(request, fds)
         try:
             self._answer_spawn(request_id, spare, error)
         finally:
@@ -413,15 +413,16 @@ class Launcher:
             kill_quietly(spare.pid)
         spare.close()
 
-    def _start_child(self, data: bytes, fds: list[int]) -> tuple[Any, Spare | None, str | None]:
+    def _start_child(self, request: Any, fds: list[int]) -> tuple[Any, Spare | None, str | None]:
         """(the request's id, the spare that took the run or None, the error); closes every
         received fd. The spare prepared for the request's key goes first; a spare that did
         not take the run (gone, or prepared for another view) is ended, and a fresh one
         tried, once."""
         request_id = None
         try:
-            request = json.loads(data)
-            request_id = request.get("id") if isinstance(request, dict) else None
+            if not isinstance(request, dict):
+                raise ValueError(f"not a request: {request}")
+            request_id = request.get("id")
             names = request["fds"]
             if len(names) != len(fds):
                 raise ValueError("descriptor count does not match")

@@ -179,8 +179,6 @@ class LandlockRuleset:
         self._scoped = 0
         self._requested_scopes: set[str] = set()
         self._ruleset_fd: int | None = None
-        self._prepared: list[tuple[int, int]] = []  # (O_PATH fd, rights), from prepare()
-        self._prepared_skipped: list[str] = []
         self.skipped: list[str] = []
 
     # -- what is handled (and therefore denied unless allowed) --------------------------------
@@ -261,11 +259,9 @@ class LandlockRuleset:
             ctypes.c_uint32(0),
         )
         self._ruleset_fd = ruleset_fd
-        self.skipped = list(self._prepared_skipped)
+        self.skipped = []
         try:
             handled = self.handled_access_fs
-            for path_fd, rights in self._prepared:
-                self._add_fd_rule(ruleset_fd, path_fd, rights)
             for path in self._read_paths:
                 self._add_path_rule(ruleset_fd, path, FS_READ_RIGHTS & handled)
             for path in self._write_paths:
@@ -321,27 +317,6 @@ class LandlockRuleset:
                 self._add_fd_rule(ruleset_fd, *opened)
             finally:
                 os.close(opened[0])
-
-    def prepare(self) -> LandlockRuleset:
-        """Open every path now and keep the descriptors, so later `build()`s (in forks) skip
-        the path walks. Paths added after this are opened at build time as usual. The
-        descriptors pin the inodes they name: `release()` them when the rules go stale."""
-        handled = self.handled_access_fs
-        self.skipped = []
-        for paths, rights in ((self._read_paths, FS_READ_RIGHTS), (self._write_paths, FS_WRITE_RIGHTS)):
-            for path in paths:
-                opened = self._open_rule(path, rights & handled)
-                if opened is not None:
-                    self._prepared.append(opened)
-            paths.clear()
-        self._prepared_skipped = list(self.skipped)
-        return self
-
-    def release(self) -> None:
-        """Close the descriptors `prepare()` kept."""
-        prepared, self._prepared = self._prepared, []
-        for path_fd, _ in prepared:
-            os.close(path_fd)
 
     @staticmethod
     def _add_port_rule(ruleset_fd: int, port: int, rights: int) -> None:

@@ -503,7 +503,6 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     homes = os.path.realpath(homes_folder())
-    versions: list[object] = []
     named = explicit_grants(capability)
     hidden = hidden_paths(capability, denied, named)
     _refuse_stores_in_writable(writable, denied, named)
@@ -533,7 +532,9 @@ def build_plan(
                                        runtime_read_set()) if owner_mapping else [])
     write_paths = list(dict.fromkeys(write_paths))
     # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
-    versions += [_identity(path) for path in (*read_paths, *write_paths, *owner_mapped)]
+    versions: list[object] = [_identity(path)
+                              for path in (*read_paths, *write_paths, *owner_mapped)]
+    present = present_hidden(hidden, versions)  # adds the hidden folders' and entries'
     return ChildPlan(
         kind=kind,
         argv=argv,
@@ -545,7 +546,7 @@ def build_plan(
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,
-        hidden_paths=present_hidden(hidden, versions),
+        hidden_paths=present,
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
     )
