@@ -44,7 +44,7 @@ def in_thread(path):
 
 SANDBOX_SETUP = """
 import os
-os.chmod({root!r}, 0o755)  # a root kernel's sandboxes run as uid 65534
+os.chmod({root!r}, 0o755)  # a root kernel's sandboxes run as an unprivileged uid
 with open({root!r} + "/policy.yaml", "w") as f:
     f.write("filesystem_config: {{mode: read_only, readable_paths: []}}\\n"
             "paths: {{data: {{root: {root}, mode: rw}}}}\\n")

@@ -30,7 +30,7 @@ reported against a baseline measured in the same run. Only rows 1 and 2 carry a 
 ("sandboxed faster than bare"); the others are information.
 
 Run: `python benchmarks/bench_runner.py [--json] [-n 30]`. Needs a host where the runner
-can confine (it runs as root here; the child runs as uid 65534). Every sandbox is
+can confine (it runs as root here; the child runs as an unprivileged uid of its own). Every sandbox is
 destroyed and every helper process killed at the end.
 """
 

@@ -1,7 +1,7 @@
 """SandboxManager, run_python, sandbox-run and the launcher, driven for real (no mocks).
 
-The confined child runs as uid 65534 when the tests run as root, so every folder handed to
-a sandbox is made under /tmp with modes that uid can use.
+The confined child runs as an unprivileged uid of its own when the tests run as root, so every
+folder handed to a sandbox is made under /tmp with modes that uid can use.
 
 Other sandboxes (another engineer's tests, a notebook) may run on this host at the same time, so "nothing is left running" counts only the processes the test itself started; see
 `leftovers.py`."""
@@ -34,6 +34,7 @@ from sandbox_kernel_ext import (
     isolation_report,
 )
 from sandbox_kernel_ext.runner.linux import landlock
+from sandbox_kernel_ext.runner.trusted.isolation import default_child_uid
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or landlock.landlock_abi() < 1,
@@ -50,8 +51,9 @@ def _policy(rw: Path | None = None, **limits: float) -> CapabilityDeclaration:
     return CapabilityDeclaration(filesystem_config=fs, resource_limits=ResourceLimits(**limits))
 
 
-# The sandbox's uid: children drop to 65534 when the tests run as root, else keep ours.
-SANDBOX_UID = 65534 if os.geteuid() == 0 else os.getuid()
+# The sandbox's uid on the host: a root kernel's children drop to a uid of their own
+# (`default_child_uid`) when the tests run as root, else keep ours.
+SANDBOX_UID = default_child_uid() if os.geteuid() == 0 else os.getuid()
 # Set in the environment of what a test starts (`env=` of a run, or of a subprocess), so that
 # its processes are known as ours even after they leave our process tree.
 MARKER_NAME = "SBX_RUNNER_SUITE"
@@ -185,7 +187,7 @@ def test_errors_name_the_problem(manager: SandboxManager, shared_dir: Path) -> N
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root's children have a uid check")
 def test_root_refuses_a_writable_root_the_child_cannot_write(manager: SandboxManager, shared_dir: Path) -> None:
-    """Root's 0755 folder is shown to the 65534 child as its own (the owner map), as it is
+    """Root's 0755 folder is shown to the unprivileged child as its own (the owner map), as it is
     writable by a root child; another user's 0755 folder is neither's to write."""
     os.chmod(shared_dir, 0o755)
     manager.destroy(manager.create_sandbox(_policy(shared_dir)))
@@ -194,7 +196,7 @@ def test_root_refuses_a_writable_root_the_child_cannot_write(manager: SandboxMan
         os.chown(shared_dir, 1000, 1000)
         with pytest.raises(SandboxError, match="not writable by uid 0"):
             as_root.create_sandbox(_policy(shared_dir))
-    with pytest.raises(SandboxError, match="not writable by uid 65534"):
+    with pytest.raises(SandboxError, match=f"not writable by uid {SANDBOX_UID}"):
         manager.create_sandbox(_policy(shared_dir))
 
 

@@ -60,7 +60,7 @@ def roots() -> Iterator[Path]:
     try:
         (base / "data").mkdir()
         for folder in (base, base / "data"):
-            os.chmod(folder, 0o755)  # the sandbox runs as uid 65534 under a root kernel
+            os.chmod(folder, 0o755)  # a root kernel's sandbox runs as an unprivileged uid
         (base / "policy.yaml").write_text(
             "filesystem_config: {mode: read_only, readable_paths: []}\n"
             "paths:\n"

@@ -2,7 +2,7 @@
 
 Every case runs cells the way a frontend does and reads the answers off iopub: streamed
 text, the error a cell ends with, widget state. Folders handed to sandboxes live under /tmp
-and are open to uid 65534, the user sandboxed children run as when the kernel is root.
+and are open to the unprivileged uid sandboxed children run as when the kernel is root.
 """
 
 from __future__ import annotations

@@ -114,17 +114,18 @@ def _wait_for_control_threads() -> None:
 def _sandbox_processes(manager: SandboxManager) -> list[psutil.Process]:
     """Sandbox-uid processes this test's manager started: its launcher's descendants (the
     launcher is a child subreaper, so one the runner failed to kill stays among them). Not
-    every uid-65534 process on the host: another sandbox may be running beside the tests."""
+    every process of that uid on the host: another sandbox may be running beside the tests."""
     if manager.launcher_pid is None:
         return []
     try:
         tree = psutil.Process(manager.launcher_pid).children(recursive=True)
     except psutil.Error:
         return []
+    uid = manager.child_uid if manager.child_uid is not None else os.getuid()
     found = []
     for process in tree:
         try:
-            if process.uids().real == 65534 and not is_spare(process):
+            if process.uids().real == uid and not is_spare(process):
                 found.append(process)
         except psutil.Error:
             continue

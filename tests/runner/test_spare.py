@@ -10,7 +10,9 @@ closing the manager ends it.
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -25,6 +27,7 @@ import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
 from sandbox_kernel_ext.runner.child.bootstrap import SPARE_NAME
+from sandbox_kernel_ext.runner.trusted.isolation import NOBODY_UID as NOBODY, default_child_uid
 
 SPARE = SPARE_NAME.decode()
 
@@ -253,17 +256,18 @@ def test_a_store_replaced_after_the_view_was_prepared_stays_hidden(home: str) ->
         assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout
 
 
-# --------------------------------------------------- a host process of the child's uid
-def _as_child_uid(action) -> str:  # type: ignore[no-untyped-def]
-    """Run `action()` in a fork that is the children's uid (65534) on the host, as a daemon
-    running as `nobody` would be; its result, or the error it raised, as text."""
+# ------------------------------------------- host processes of the child's uid and of nobody's
+def _as_uid(uid: int, action) -> str:  # type: ignore[no-untyped-def]
+    """Run `action()` in a fork that is `uid` on the host (the children's own, the worst
+    case; or 65534, as a daemon running as `nobody` is); its result, or the error it
+    raised, as text."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
             outcome = repr(action())
         except BaseException as exc:  # noqa: BLE001
             outcome = f"{type(exc).__name__}: {exc}"
@@ -301,7 +305,8 @@ def test_a_host_process_of_the_childs_uid_cannot_take_a_waiting_spare(
         assert manager.execute(sid, ["/bin/true"]).exit_code == 0
         for spare in _spares(manager, count=2):
             for fd in os.listdir(f"/proc/{spare.pid}/fd"):
-                outcome = _as_child_uid(lambda: _take_descriptor(spare.pid, int(fd)))
+                outcome = _as_uid(manager.child_uid,
+                                  lambda: _take_descriptor(spare.pid, int(fd)))
                 assert outcome.startswith("PermissionError"), outcome
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -312,8 +317,8 @@ def test_a_stopped_spare_does_not_hold_up_the_run(manager: SandboxManager) -> No
     sid = manager.create_sandbox(CapabilityDeclaration())
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0
     spares = _spares(manager, count=2)
-    for spare in spares:  # as any process of the child's uid may
-        assert _as_child_uid(lambda: os.kill(spare.pid, signal.SIGSTOP)) == "None"
+    for spare in spares:  # as a process of the child's uid could, if the host had one
+        assert _as_uid(manager.child_uid, lambda: os.kill(spare.pid, signal.SIGSTOP)) == "None"
     box: list = []
     runner = threading.Thread(target=lambda: box.append(
         manager.execute(sid, ["/bin/echo", "hi"], timeout=30)))
@@ -333,7 +338,7 @@ def test_a_stopped_spare_does_not_hold_up_the_run(manager: SandboxManager) -> No
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs a home of another uid")
 def test_a_cover_the_prepared_view_could_not_place_is_not_missing_later(home: str) -> None:
-    """The spare (uid 65534) cannot enter a closed home, so its view has no cover there;
+    """The spare (an unprivileged uid) cannot enter a closed home, so its view has no cover there;
     once the home is opened, a run must not take that view (a fresh child covers it)."""
     everywhere = CapabilityDeclaration(filesystem_config=FilesystemConfig(
         mode="read_only", readable_paths=None))
@@ -354,18 +359,35 @@ def test_a_cover_the_prepared_view_could_not_place_is_not_missing_later(home: st
         assert second.stdout in ("''\n", "FileNotFoundError\n"), second.stdout
 
 
+def test_a_root_kernels_children_have_a_uid_no_account_names() -> None:
+    """No account, group or subordinate range of this host names it, and it is not nobody's."""
+    uid = default_child_uid()
+    assert uid not in (0, NOBODY)
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    with pytest.raises(KeyError):
+        grp.getgrgid(uid)
+    for path in ("/etc/subuid", "/etc/subgid"):
+        if os.path.exists(path):
+            for line in open(path):
+                _, start, count = line.strip().split(":")
+                assert not int(start) <= uid < int(start) + int(count), line
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="children run as the kernel's own uid otherwise")
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit (README): a root kernel's children run as 65534, nobody's uid; a host process "
-    "of that uid may trace a confined run and, through its /proc/PID/root, use the root's "
-    "folder it is shown as its own, set-user-ID modes included (the run's seccomp filter is "
-    "the run's, not the tracer's). A uid of the sandboxes' own closes it (child_uid=)"))
-def test_a_host_process_of_the_childs_uid_cannot_plant_a_setuid_file_through_a_run(
-        manager: SandboxManager) -> None:
+@pytest.mark.parametrize("attack", ["plant", "stop"])
+def test_a_host_process_of_nobodys_uid_cannot_reach_a_run(
+        manager: SandboxManager, attack: str) -> None:
+    """The default children were uid 65534, which daemons share as nobody: such a process
+    could trace a confined run and, through its /proc/PID/root, use the root's folder it is
+    shown as its own to plant a set-user-ID root file (the run's seccomp filter is the run's,
+    not the tracer's), or stop it. The run sees itself as 65534 and is another uid."""
     folder = tempfile.mkdtemp(prefix="sbx-setuid-")  # root's, shown to the child by a tree
     try:
         sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
             mode="read_write", writable_paths=[folder])))
+        seen = manager.execute(sid, ["/usr/bin/id", "-u"]).stdout
+        assert seen == f"{NOBODY}\n", seen
         box: list = []
         runner = threading.Thread(target=lambda: box.append(
             manager.execute(sid, ["/bin/sh", "-c", "echo up; sleep 5"],
@@ -380,7 +402,9 @@ def test_a_host_process_of_the_childs_uid_cannot_plant_a_setuid_file_through_a_r
             os.close(os.open(planted, os.O_CREAT | os.O_WRONLY, 0o755))
             os.chmod(planted, 0o4755)
 
-        outcome = _as_child_uid(plant)
+        outcome = _as_uid(NOBODY, plant if attack == "plant" else
+                          lambda: os.kill(pid, signal.SIGSTOP))
+        assert outcome.startswith("PermissionError"), outcome
         manager.kill(sid, "done")
         runner.join()
         on_host = os.path.join(folder, "planted")

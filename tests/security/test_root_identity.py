@@ -1,9 +1,9 @@
 """A root kernel's children as root (`child_uid=0`), in a user namespace, with nothing root
 could do.
 
-Root kernels are common (Colab, most Docker images). Their children drop to uid 65534 by
-default, so a folder from `mkdtemp` is refused as a writable root, an interpreter under /root
-cannot start, and the files a sandbox makes belong to nobody. `child_uid=0` keeps uid 0 inside
+Root kernels are common (Colab, most Docker images). Their children drop to an unprivileged
+uid of their own by default (seen as nobody, 65534, inside), to which root's granted folders
+are shown as its own through idmapped mounts. `child_uid=0` keeps uid 0 inside
 a user namespace with every capability set and the bounding set empty, and these tests try what
 being root could still be good for: capabilities regained by exec, kernel settings under /proc (whose
 file modes let root write them), raw disks (root's by their modes), root's 0600 files outside
@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
+from sandbox_kernel_ext.runner.trusted.isolation import NOBODY_UID as NOBODY
 from sandbox_kernel_ext.runner.trusted.isolation import default_child_uid
 
 from no_user_namespaces import without_user_namespaces
@@ -49,18 +50,20 @@ def _capability(writable: list[str], readable: list[str] | None) -> CapabilityDe
         readable_paths=readable))
 
 
-def test_the_default_identity_is_65534_and_root_is_asked_for() -> None:
-    """File permissions keep root's private files from a default child; root's own uid is a
-    choice, and the report says what it costs."""
-    assert default_child_uid() == 65534
+def test_the_default_identity_is_unprivileged_and_root_is_asked_for() -> None:
+    """File permissions keep root's private files from a default child, whose uid is not
+    nobody's (daemons share that one); root's own uid is a choice, and the report says what
+    it costs."""
+    assert default_child_uid() not in (0, NOBODY)
     from sandbox_kernel_ext import isolation_report
 
-    assert "child_uid=0" in isolation_report()["child_identity"]
+    identity = isolation_report()["child_identity"]
+    assert "child_uid=0" in identity and f"uid {default_child_uid()}" in identity
 
 
-# Both identities must make root's folders usable: 65534 through the owner map (root's granted
-# folders shown as its own), and root's own uid.
-IDENTITIES = pytest.mark.parametrize("child_uid", [None, 0], ids=["default-65534", "root"])
+# Both identities must make root's folders usable: the default uid through the owner map
+# (root's granted folders shown as its own), and root's own uid.
+IDENTITIES = pytest.mark.parametrize("child_uid", [None, 0], ids=["default", "root"])
 
 
 @IDENTITIES
@@ -83,9 +86,10 @@ out = {{'uid': os.getuid(), 'caps': caps(status), 'caps_after_exec': caps(after_
 """, outputs=["out"])
     assert result.exit_code == 0, result.stderr
     out = result.variables["out"]
-    uid = 65534 if child_uid is None else child_uid
-    assert out["uid"] == uid
-    assert out["uid_map"] == [str(uid), str(uid), "1"]  # a user namespace of its own
+    host_uid = default_child_uid() if child_uid is None else child_uid
+    seen = NOBODY if child_uid is None else child_uid  # the default has no account: nobody's name
+    assert out["uid"] == seen
+    assert out["uid_map"] == [str(seen), str(host_uid), "1"]  # a user namespace of its own
     zero = "0000000000000000"
     for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert out["caps"][name] == zero, out["caps"]
@@ -160,8 +164,8 @@ def _block_device() -> str | None:
 
 def test_roots_private_files_stay_closed_to_the_default_child(root_folder: Path) -> None:
     """Found in review of root's own uid: reading "everywhere", root in name reads every 0600
-    file of root's (debconf's passwords, logs, a key left in /tmp). The default child is 65534
-    and sees root's files as its own only in the folders its policy grants."""
+    file of root's (debconf's passwords, logs, a key left in /tmp). The default child is
+    unprivileged and sees root's files as its own only in the folders its policy grants."""
     secret_dir = Path(tempfile.mkdtemp(prefix="sbx-rootid-secret-"))
     secret = secret_dir / "private"
     secret.write_text("root only\n")
@@ -248,7 +252,7 @@ for name, target in (('pid', {victim.pid}), ('everyone', -1), ('group', -{os.get
 
 
 # Root where nested user namespaces are refused: the launcher is root but cannot make a user
-# namespace, so its children must drop to 65534 with the bounding set emptied first (it cannot
+# namespace, so its children must drop to their uid with the bounding set emptied first (it cannot
 # be emptied after the uid change).
 NO_USER_NAMESPACES_AS_ROOT = without_user_namespaces(drop_to_nobody=False)
 
@@ -283,8 +287,8 @@ def test_without_user_namespaces_a_root_kernels_child_keeps_no_capability(tmp_pa
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=False)
     assert done.returncode == 0, done.stderr
-    assert "identity: unprivileged uid 65534" in done.stdout, done.stdout
+    assert f"identity: unprivileged uid {default_child_uid()}" in done.stdout, done.stdout
     zero = "0000000000000000"
-    assert f"child: 0 65534 ['{zero}', '{zero}', '{zero}']" in done.stdout, done.stdout
+    assert f"child: 0 {default_child_uid()} ['{zero}', '{zero}', '{zero}']" in done.stdout, done.stdout
     # root with no user namespace to hold it keeps what only namespaces take away: refused
     assert "root child: SandboxError True" in done.stdout, done.stdout

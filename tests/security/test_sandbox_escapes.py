@@ -11,8 +11,9 @@ fork, namespaces, rlimits, Landlock, seccomp) and asserts three things:
    holds the same number of descriptors as before, and no process of the child's uid and ours
    survives.
 
-The whole module runs twice, once per identity a root kernel's child can have: 65534 (the
-default) and root's own uid in a user namespace (`child_uid=0`).
+The whole module runs twice, once per identity a root kernel's child can have: an
+unprivileged uid of its own (the default, which sees itself as nobody, 65534) and root's own
+uid in a user namespace (`child_uid=0`).
 
 The targets are chosen so that plain file permissions would ALLOW each attack (world-readable
 canaries, world-writable folders, files owned by the child's uid): a failure means confinement
@@ -32,7 +33,6 @@ import hashlib
 import os
 import platform
 import shutil
-import signal
 import socket
 import stat
 import sys
@@ -56,13 +56,13 @@ from sandbox_kernel_ext.policy.models import (
 )
 from sandbox_kernel_ext.runner.linux import seccomp
 from sandbox_kernel_ext.runner.linux.landlock import landlock_abi
+from sandbox_kernel_ext.runner.trusted.isolation import seen_uid
 from sandbox_kernel_ext.runner.trusted.manager import SandboxManager
 
-NOBODY = 65534
-# Both identities a root kernel's child can have: 65534 (the default) and root's own
-# (`child_uid=0`, in a user namespace with no capability). The world's files belong to the
-# child's uid, so file permissions let it do every attack.
-IDENTITIES = {"uid-65534": NOBODY, "root-in-userns": 0}
+# Both identities a root kernel's child can have: an unprivileged uid of its own (the default)
+# and root's own (`child_uid=0`, in a user namespace with no capability). The world's files
+# belong to the child's uid, so file permissions let it do every attack.
+IDENTITIES = {"default-uid": None, "root-in-userns": 0}
 ABI = landlock_abi()
 MARKER_NAME = "SBX_ESCAPE_SUITE"
 MARKER = f"escape-{uuid.uuid4().hex[:12]}"
@@ -283,7 +283,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
     try:
         box = Env(manager, world)
         warm = box.py("out = os.getuid()")
-        assert warm.exit_code == 0 and warm.variables == {"out": world.uid}, warm
+        assert warm.exit_code == 0 and warm.variables == {"out": seen_uid(world.uid)}, warm
         assert _alive(manager.launcher_pid)
         yield box
     finally:
@@ -834,9 +834,9 @@ out = [attempt(go), attempt(own)]
 
 @needs_seccomp
 def test_changing_identity_fails(env: Env) -> None:
-    """No other uid or group, and no capability: as 65534 root is the prize; as root (in its
-    user namespace) any other user's files are."""
-    uid = env.world.uid
+    """No other uid or group, and no capability: unprivileged, root is the prize; as root (in
+    its user namespace) any other user's files are."""
+    uid = seen_uid(env.world.uid)
     other = 0 if uid != 0 else 1000
     code = f"""
 out = [attempt(lambda: os.setuid({other})), attempt(lambda: os.setresuid({other}, {other}, {other})),

@@ -121,7 +121,7 @@ def test_no_route_leaves_a_setuid_or_setgid_file(shared_dir: Path, child_uid: in
     assert attempts["install -m 4755"] != 0  # install reports the refused chmod
     assert _special_files(shared_dir) == []
     made = (shared_dir / "prog").stat()
-    # the kernel user's: a root kernel's 65534 child writes root's folder through the owner map
+    # the kernel user's: a root kernel's unprivileged child writes root's folder through the owner map
     assert made.st_uid == os.geteuid()
 
 

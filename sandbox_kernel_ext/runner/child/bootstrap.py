@@ -155,14 +155,15 @@ def outermost(paths: list[str], covering: set[str]) -> list[str]:
     return kept
 
 
-def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | None) -> None:
+def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | None,
+                   seen_uid: int | None = None) -> None:
     """The setup fork of a spare: it drops root (to `uid`, when the launcher is root and has
-    user namespaces), enters new user, PID, network, IPC and UTS namespaces and forks the
-    child that is PID 1 there and waits for its run on `handoff`. That child's pid (or the
-    error) goes to the launcher on `status_w`. Nothing here depends on a plan, so it all
-    happens before the run is asked for."""
+    user namespaces), enters new user, PID, network, IPC and UTS namespaces (in which it is
+    `seen_uid`, else itself) and forks the child that is PID 1 there and waits for its run
+    on `handoff`. That child's pid (or the error) goes to the launcher on `status_w`. Nothing
+    here depends on a plan, so it all happens before the run is asked for."""
     name = process_name()
-    set_process_name(SPARE_NAME)  # first: a spare is never a nameless uid-65534 process
+    set_process_name(SPARE_NAME)  # first: a spare is never a nameless process of the child's uid
     signal.set_wakeup_fd(-1)  # the launcher's wake-up pipe is not ours to write
     close_other_fds({handoff, status_w})  # the launcher's socket above all: its end of file
     namespaced = use_userns or os.geteuid() == 0
@@ -170,10 +171,10 @@ def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | 
     if os.geteuid() == 0 and use_userns and uid is not None:
         drop_identity(uid, uid)
     if namespaced:
-        enter_namespaces(NAMESPACES_AHEAD, use_userns)
-    # Not to be traced while it waits: a host process of the child's uid (65534 is `nobody`,
-    # which daemons use) could take its descriptors (pidfd_getfd) or act in its namespaces,
-    # where root's folders are the child's. It becomes traceable again once confined.
+        enter_namespaces(NAMESPACES_AHEAD, use_userns, seen_uid)
+    # Not to be traced while it waits: a host process of the child's uid (none, by default;
+    # `child_uid=` may name a shared one) could take its descriptors (pidfd_getfd) or act in
+    # its namespaces, where root's folders are the child's. Traceable again once confined.
     prctl(PR_SET_DUMPABLE, 0)
     # else: no user namespaces for an unprivileged launcher, so no namespaces at all; the
     # isolation report names the missing layer, strict mode refuses, and the manager kills
@@ -181,13 +182,14 @@ def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | 
     pid = os.fork()  # the first child after CLONE_NEWPID is PID 1 of the new namespace
     if pid == 0:
         os.close(status_w)
-        _run_when_asked(handoff, name, new_mount_namespace=namespaced, drop_root=drop_root)
+        _run_when_asked(handoff, name, new_mount_namespace=namespaced, drop_root=drop_root,
+                        uid=uid)
         os._exit(127)
     report(status_w, f"pid {pid}")
 
 
 def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
-                    drop_root: bool) -> None:
+                    drop_root: bool, uid: int | None) -> None:
     """The spare: wait for a run's descriptors (from the launcher, by name), then take back
     the launcher's process `name`, read the plan, take a mount namespace of its own (a copy
     of the host's mounts as they are now) and confine itself. Errors go to the run's status
@@ -228,8 +230,8 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     report(status_w, TAKEN)
     os.close(fds.pop("plan"))
     try:
-        if plan.uid is not None and not drop_root and os.getuid() != plan.uid:
-            raise OSError(errno.EPERM, f"the launcher made this child for uid {os.getuid()}, "
+        if plan.uid is not None and not drop_root and uid != plan.uid:
+            raise OSError(errno.EPERM, f"the launcher made this child for uid {uid}, "
                                        f"the plan is for uid {plan.uid}")
         rules, _ = prepared[1] if prepared is not None else _prepare_view(
             plan, fds, new_mount_namespace=new_mount_namespace, drop_root=drop_root)

@@ -61,7 +61,7 @@ class Spare:
     run's start, and no plan is needed for them. The tree's CPU clock is opened on the setup
     fork before it forks anything, so it follows every process of the tree from the first."""
 
-    def __init__(self, *, use_userns: bool, uid: int | None) -> None:
+    def __init__(self, *, use_userns: bool, uid: int | None, seen_uid: int | None) -> None:
         self.pid = 0  # PID 1 of the spare's namespace, as the host sees it, once known
         self.setup_reaped = False
         self.error: str | None = None
@@ -82,7 +82,8 @@ class Spare:
                 os.close(go_w)
                 os.read(go_r, 1)
                 os.close(go_r)
-                run_setup_fork(child_end.detach(), status_w, use_userns=use_userns, uid=uid)
+                run_setup_fork(child_end.detach(), status_w, use_userns=use_userns, uid=uid,
+                               seen_uid=seen_uid)
             except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
                 report(status_w, f"error setup: {type(exc).__name__}: {exc}")
             os._exit(0)
@@ -218,10 +219,12 @@ class Launcher:
     there, whatever happens); a pidfd it opens is closed once sent.
     """
 
-    def __init__(self, sock: socket.socket, uid: int | None = None) -> None:
+    def __init__(self, sock: socket.socket, uid: int | None = None,
+                 seen_uid: int | None = None) -> None:
         self.sock = sock
         self.use_userns = userns_usable()
         self.uid = uid  # a root launcher's children run as this uid
+        self.seen_uid = seen_uid  # and see themselves as this one in their user namespace
         # Without a user namespace only root can make the others (PID one included).
         self.pid_namespaces = self.use_userns or os.geteuid() == 0
         self.live: dict[int, int] = {}  # child pid -> request id
@@ -251,7 +254,7 @@ class Launcher:
 
     def _make_spare(self) -> None:
         try:
-            self.spare = Spare(use_userns=self.use_userns, uid=self.uid)
+            self.spare = Spare(use_userns=self.use_userns, uid=self.uid, seen_uid=self.seen_uid)
         except OSError:
             self.spare = None  # out of processes or descriptors: the next request tries again
 
@@ -482,13 +485,16 @@ def kill_quietly(pid: int) -> None:
 
 def main() -> None:
     """Entry point of the exec'd launcher: argv[1] is its end of the socket pair, argv[2] the
-    uid a root launcher's children run as ("" for none)."""
+    uid a root launcher's children run as and the uid they see themselves as ("UID:SEEN",
+    "" for none)."""
     from ..child import cell, session  # noqa: F401 - loaded here once, not by every child
 
     sock = socket.socket(fileno=int(sys.argv[1]))
-    uid = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
+    uid = seen = None
+    if len(sys.argv) > 2 and sys.argv[2]:
+        uid, seen = (int(part) for part in sys.argv[2].split(":"))
     # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
-    Launcher(sock, uid).serve()
+    Launcher(sock, uid, seen).serve()
 
 
 if __name__ == "__main__":

@@ -246,18 +246,18 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
-def enter_namespaces(flags: int, use_userns: bool) -> None:
-    """Unshare `flags`; in a new user namespace our own uid and gid map to themselves (no
-    root inside it)."""
+def enter_namespaces(flags: int, use_userns: bool, seen_uid: int | None = None) -> None:
+    """Unshare `flags`; in a new user namespace our uid and gid show as `seen_uid` (as
+    themselves by default), and nothing else is mapped (no root inside it)."""
     global _bounding_set_empty
     uid, gid = os.geteuid(), os.getegid()
     unshare(flags | (CLONE_NEWUSER if use_userns else 0))
     if use_userns:
         _bounding_set_empty = False  # a new user namespace comes with a full one
-    if use_userns:
+        seen = uid if seen_uid is None else seen_uid
         _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        _write("/proc/self/uid_map", f"{seen} {uid} 1")
+        _write("/proc/self/gid_map", f"{seen} {gid} 1")
 
 
 def userns_usable() -> bool:

@@ -18,9 +18,12 @@ from ...policy.models import SandboxTier
 from ..linux import landlock, seccomp
 
 __all__ = ["isolation_report", "missing_layers", "check_tier", "default_child_uid",
-           "read_only_view_available", "user_namespaces"]
+           "seen_uid", "read_only_view_available", "user_namespaces", "NOBODY_UID"]
 
 NOBODY_UID = 65534
+# The first uid tried for a root kernel's children: high (no distribution hands it out, it is
+# below 2**31 for tools that keep uids in a signed int) and not nobody's, which daemons share.
+_DEDICATED_UID_TOP = 2**31 - 2
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,25 +67,76 @@ def _paranoid() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=1)
 def default_child_uid() -> int:
-    """Under a root kernel, 65534: file permissions then keep root's private files (logs,
-    debconf's passwords, 0600 files anywhere) from a sandbox that reads "everywhere". Root's
-    own uid (`SandboxManager(child_uid=0)`, in a user namespace with every capability
-    dropped) makes root's folders and interpreter just work, but reads all of those."""
-    return NOBODY_UID
+    """Under a root kernel, a uid of the sandboxes' own: no account, group or subordinate
+    range names it, so no host process runs as it and none can trace or signal a child (a
+    process of the child's own uid could; with nobody's, every daemon that drops to it).
+    File permissions keep root's private files (logs, debconf's passwords, 0600 files
+    anywhere) from it. Root's own uid (`SandboxManager(child_uid=0)`, in a user namespace with
+    every capability dropped) makes root's folders and interpreter just work, but reads all
+    of those. The same files give the same uid, so every root kernel on a host agrees."""
+    taken = _named_ids()
+    uid = _DEDICATED_UID_TOP
+    while uid in taken:
+        uid -= 1
+    return uid
+
+
+def _named_ids() -> _Ranges:
+    """The uids and gids the host's account files name: /etc/passwd, /etc/group and the
+    subordinate ranges of /etc/subuid and /etc/subgid (handed to users' own namespaces)."""
+    named = _Ranges()
+    for path, field in (("/etc/passwd", 2), ("/etc/group", 2)):
+        for fields in _colon_lines(path):
+            if len(fields) > field and fields[field].isdigit():
+                named.add(int(fields[field]), 1)
+    for path in ("/etc/subuid", "/etc/subgid"):
+        for fields in _colon_lines(path):
+            if len(fields) >= 3 and fields[1].isdigit() and fields[2].isdigit():
+                named.add(int(fields[1]), int(fields[2]))
+    return named
+
+
+class _Ranges:
+    """A set of ids held as ranges (a subordinate range is 65,536 ids or more)."""
+
+    def __init__(self) -> None:
+        self._ranges: list[tuple[int, int]] = []
+
+    def add(self, start: int, count: int) -> None:
+        self._ranges.append((start, start + count))
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and any(a <= value < b for a, b in self._ranges)
+
+
+def _colon_lines(path: str) -> list[list[str]]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            return [line.rstrip("\n").split(":") for line in lines if not line.startswith("#")]
+    except OSError:
+        return []
+
+
+def seen_uid(host_uid: int) -> int:
+    """The uid a child of `host_uid` sees itself as inside its user namespace: the default
+    child, which has no account, shows as nobody (65534), so tools that look their user up
+    find one; another uid shows as itself."""
+    return NOBODY_UID if host_uid == default_child_uid() else host_uid
 
 
 def _child_identity() -> str:
     if os.name != "posix" or os.geteuid() != 0:
         return "the Jupyter kernel's own uid in a user namespace"
-    return ("unprivileged uid 65534, to which the folders its policy grants that root owns (and "
-            "a folder of root's on the way to them, such as /root) are shown as its own through "
-            "idmapped mounts: what it creates there is root's (the Jupyter kernel runs as root; "
-            "child_uid=0 runs children as root in a user namespace with every capability "
-            "dropped, which reads root's private files). Not closed: 65534 is also nobody's, "
-            "and a host process of that uid can trace a confined run and write, set-user-ID "
-            "modes included, in the root's folders it is shown as its own; a uid no host "
-            "process uses (child_uid=N) closes that")
+    return (f"unprivileged uid {default_child_uid()}, which no account, group or subordinate "
+            "range of this host names, so no host process can trace or signal a child; the "
+            "child sees itself as nobody (65534) in its user namespace where it has one. The "
+            "folders its policy grants that root owns (and a folder of root's on the way to "
+            "them, such as /root) are shown to it as its own through idmapped mounts: what it "
+            "creates there is root's (the Jupyter kernel runs as root; child_uid=0 runs "
+            "children as root in a user namespace with every capability dropped, which reads "
+            "root's private files)")
 
 
 def isolation_report() -> dict[str, Any]:

@@ -17,6 +17,7 @@ import threading
 
 from ...policy.errors import SandboxError
 from ..linux.cpu_clock import read_seconds
+from .isolation import seen_uid
 from ..wire import receive_message, send_message
 
 __all__ = ["LauncherClient", "SpawnedChild", "LAUNCHER_ENV_NAMES"]
@@ -136,7 +137,8 @@ class LauncherClient:
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-c", BOOTSTRAP, _PACKAGE_DIR, str(child.fileno()),
-                 "" if self.child_uid is None else str(self.child_uid)],
+                 "" if self.child_uid is None
+                 else f"{self.child_uid}:{seen_uid(self.child_uid)}"],
                 pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, cwd="/", start_new_session=True,
             )

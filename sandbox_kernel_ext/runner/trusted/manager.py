@@ -89,13 +89,16 @@ class _Sandbox:
 class SandboxManager:
     """Create, run and destroy sandboxes whose children the operating system confines.
 
-    `child_uid`: the uid a child runs as when this process runs as root: 65534 ("nobody") by
-    default, so file permissions keep root's private files from it. `child_uid=0` keeps
-    root's own uid in a user namespace with every capability dropped (where user namespaces
-    are refused, 0 is not allowed): root's folders and an interpreter under /root just work
-    and what a child creates belongs to root, but a sandbox reading "everywhere" reads
-    root's private files. A 65534 child sees the folders its policy grants that root owns as
-    its own (idmapped mounts); any other writable folder must be writable by its uid.
+    `child_uid`: the uid a child runs as when this process runs as root. By default a uid of
+    the sandboxes' own (`default_child_uid`: no account names it, so no host process can
+    trace or signal a child), which the child sees as nobody (65534); file permissions keep
+    root's private files from it. `child_uid=0` keeps root's own uid in a user namespace
+    with every capability dropped (where user namespaces are refused, 0 is not allowed):
+    root's folders and an interpreter under /root just work and what a child creates
+    belongs to root, but a sandbox reading "everywhere" reads root's private files. An
+    unprivileged child sees the folders its policy grants that root owns as its own
+    (idmapped mounts); any other writable folder must be writable by its uid. A uid other
+    processes use (65534, say) lets them trace its children.
     `monitor_interval`: seconds between samples of the process tree (default 0.25; read at
     each run, so it may be changed between runs).
     `strict`: refuse to run when this host lacks a confinement layer (a policy's

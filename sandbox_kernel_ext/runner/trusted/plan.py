@@ -26,9 +26,9 @@ from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within
 from ..wire import ChildPlan
 from . import host_reads
-from .isolation import NOBODY_UID, read_only_view_available
+from .isolation import read_only_view_available
 
-__all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "NOBODY_UID", "PROXY_PORT"]
+__all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "PROXY_PORT"]
 
 # Where the egress proxy listens inside each child's own network namespace (so one number
 # serves every sandbox at once).
