@@ -71,6 +71,11 @@ class ChildPlan:
     # folders the hidden paths were looked for in, as they were (an opaque digest). A child
     # prepared ahead with the same `view()` has a view still true for this run.
     view_stamp: str = ""
+    # A /proc and a /dev/shm of the child's own (`isolation.private_mounts`, tried when the
+    # kernel started). A child asked for one that it then cannot mount refuses to run; a child
+    # not asked reads only its own /proc entries (Landlock) and uses the host's /dev/shm.
+    private_proc: bool = False
+    private_shm: bool = False
 
     def view(self) -> str:
         """Everything a child's prepared view depends on (mounts, covers, Landlock rules), as
@@ -78,7 +83,8 @@ class ChildPlan:
         identity checks aside) is the run's own."""
         return json.dumps([self.read_paths, self.write_paths, self.hidden_paths,
                            self.owner_mapped, self.uid, self.gid, self.proxy_port,
-                           self.view_stamp], sort_keys=True)
+                           self.view_stamp, self.private_proc, self.private_shm],
+                          sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies the ~250 paths, a measurable part of a run's cost.

@@ -283,7 +283,8 @@ def run_child(
         seccomp_config = confinement.seccomp
     config = {
         "landlock_module": str(LANDLOCK_MODULE),
-        "python_read_set": host_reads.python_read_set(),
+        # /proc whole: these children have the host's (no namespaces), as the runner's did
+        "python_read_set": [*host_reads.python_read_set(), "/proc"],
         "python_write_set": host_reads.python_write_set(),
         "seccomp_module": str(SECCOMP_MODULE),
         "names": {**world.names(), **(names or {})},
@@ -810,7 +811,8 @@ def test_ruleset_masks_follow_the_abi() -> None:
 def test_python_read_set_keeps_secrets_out() -> None:
     read_set = host_reads.python_read_set()
     assert sys.base_prefix in read_set or any(sys.base_prefix.startswith(p + "/") for p in read_set)
-    assert "/proc" in read_set and "/dev/urandom" in read_set and "/etc" not in read_set
+    # /proc is the child's to rule (whole where private, its own entries where not)
+    assert "/proc" not in read_set and "/dev/urandom" in read_set and "/etc" not in read_set
     for secret in ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/etc/ssl/private"):
         assert not any(secret == p or secret.startswith(p + "/") for p in read_set), secret
     assert "/etc/passwd" in read_set and "/etc/ld.so.cache" in read_set

@@ -287,8 +287,40 @@ def test_without_user_namespaces_a_root_kernels_child_keeps_no_capability(tmp_pa
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=False)
     assert done.returncode == 0, done.stderr
-    assert f"identity: unprivileged uid {default_child_uid()}" in done.stdout, done.stdout
+    assert f"identity: by default, unprivileged uid {default_child_uid()}" in done.stdout, done.stdout
     zero = "0000000000000000"
     assert f"child: 0 {default_child_uid()} ['{zero}', '{zero}', '{zero}']" in done.stdout, done.stdout
     # root with no user namespace to hold it keeps what only namespaces take away: refused
     assert "root child: SandboxError True" in done.stdout, done.stdout
+
+
+def test_the_uid_search_skips_whole_ranges_asks_the_user_databases_and_has_a_floor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: the search stepped one id at a time through a subordinate range
+    (an hour for `containers:1000000:2147483647`), read only the account files (a systemd or
+    LDAP user of that uid went unseen) and, with every id taken, returned -1, which
+    setresuid reads as "unchanged": children as host root."""
+    from sandbox_kernel_ext import SandboxError
+    from sandbox_kernel_ext.runner.trusted import isolation
+
+    assert isolation._resolves(0) and isolation._resolves(NOBODY)  # through the C library
+    monkeypatch.setattr(isolation, "_named_ranges", lambda: [(1_000_000, 2**31)])
+    monkeypatch.setattr(isolation, "_resolves", lambda uid: uid == 999_999)
+    isolation.default_child_uid.cache_clear()
+    try:
+        assert isolation.default_child_uid() == 999_998
+        monkeypatch.setattr(isolation, "_named_ranges", lambda: [(0, 2**32)])
+        isolation.default_child_uid.cache_clear()
+        with pytest.raises(SandboxError, match="no uid between"):
+            isolation.default_child_uid()
+    finally:
+        monkeypatch.undo()
+        isolation.default_child_uid.cache_clear()
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32 - 1, 2**40, "1000"])
+def test_a_child_uid_that_is_no_uid_is_refused(bad: object) -> None:
+    from sandbox_kernel_ext import SandboxError
+
+    with pytest.raises(SandboxError, match="child_uid must be"):
+        SandboxManager(child_uid=bad)  # type: ignore[arg-type]

@@ -484,6 +484,30 @@ def freeze_kernel_settings() -> None:
                 raise
 
 
+def _mount_or_refuse(what: str, source: str, target: str, fstype: str,
+                     data: str | None) -> None:
+    try:
+        mount(source, target, fstype, MS_NOSUID | MS_NODEV | MS_NOEXEC, data)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{what} could not be mounted ({exc.strerror}), and the "
+                                 "isolation report says the child has one") from None
+
+
+# System-wide entries of a /proc that is the host's (no view of other processes in them):
+# what os.cpu_count fallbacks, psutil's system figures and numpy's CPU checks read.
+SHARED_PROC_READS = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/loadavg",
+                     "/proc/uptime", "/proc/version", "/proc/filesystems", "/proc/sys/kernel",
+                     "/proc/sys/vm/overcommit_memory")
+
+
+def _shared_proc_reads() -> list[str]:
+    """Where /proc is the host's (no private one could be mounted): the system-wide entries
+    above and this process's own folder, never another process's. Landlock follows the
+    folder, not the pid, so the processes this one starts find their /proc/self closed."""
+    own = f"/proc/{os.readlink('/proc/self')}"
+    return [path for path in (*SHARED_PROC_READS, own) if os.path.exists(path)]
+
+
 def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,
                   drop_root: bool) -> tuple[landlock.LandlockRuleset | None, set[int]]:
     """Everything of a run's confinement that depends on its view alone (`ChildPlan.view`):
@@ -496,7 +520,6 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     if new_mount_namespace:
         unshare(CLONE_NEWNS)
     rules = rules_for(plan)
-    private_shm = False
     devices: set[int] = set()
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -515,15 +538,14 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
             os.close(tree)
         devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
-    try:
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              f"size={SHM_SIZE_MB}m,mode=1777")
-        private_shm = True
-    except OSError:
-        pass  # the host's /proc stays (the isolation report says so), and no /dev/shm
-    else:
+    # Asked for only where the kernel found them possible (`isolation.private_mounts`): one
+    # that fails now is a layer the report claims and the run would lack, so it stops the run.
+    if plan.private_proc:
+        _mount_or_refuse("a private /proc", "proc", "/proc", "proc", None)
         freeze_kernel_settings()
+    if plan.private_shm:
+        _mount_or_refuse("a private /dev/shm", "tmpfs", "/dev/shm", "tmpfs",
+                         f"size={SHM_SIZE_MB}m,mode=1777")
     if drop_root and plan.uid is not None:
         drop_bounding_set()  # needs the capability the uid change takes away
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
@@ -532,8 +554,9 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     drop_bounding_set()  # no exec may grant a capability; the sets themselves go at the run
     if rules is not None:
         # Built here, after our private /proc is mounted, so the /proc rule names it.
-        rules.allow_read("/proc")
-        if private_shm:
+        for path in (["/proc"] if plan.private_proc else _shared_proc_reads()):
+            rules.allow_read(path)
+        if plan.private_shm:
             rules.allow_write("/dev/shm")
         rules.build()
         rules.move_descriptor(STATUS_FD + 1)  # not one `_install_fds` takes

@@ -18,7 +18,7 @@ __all__ = [
     "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
     "attach_tree", "mapping_user_namespace",
     "drop_identity",
-    "enter_namespaces", "userns_usable",
+    "enter_namespaces", "fresh_mounts", "userns_usable",
 ]
 
 # Namespace flags of clone(2) and unshare(2).
@@ -104,8 +104,8 @@ def _syscall(number: int, *args: object) -> int:
 
 def idmapped_tree(path: str, userns_fd: int) -> int:
     """A detached copy of the mounts at and below `path` whose owners are seen through
-    `userns_fd`'s mapping (an idmapped mount): with `0 65534 1`, root's files show as uid
-    65534's and what uid 65534 creates is stored as root's. Needs real root (CAP_SYS_ADMIN
+    `userns_fd`'s mapping (an idmapped mount): with `0 N 1`, root's files show as uid N's
+    and what uid N creates is stored as root's. Needs real root (CAP_SYS_ADMIN
     where the filesystem was mounted) and a filesystem that supports it (ext4, xfs, btrfs,
     tmpfs from 6.3, ...). `attach_tree` puts it in place, in another mount namespace too."""
     tree = _syscall(SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), path.encode(),
@@ -258,6 +258,49 @@ def enter_namespaces(flags: int, use_userns: bool, seen_uid: int | None = None) 
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{seen} {uid} 1")
         _write("/proc/self/gid_map", f"{seen} {gid} 1")
+
+
+def fresh_mounts(use_userns: bool) -> dict[str, bool]:
+    """Whether a child in new user (`use_userns`), PID and mount namespaces may mount a fresh
+    /proc and a tmpfs on /dev/shm, tried in throwaway forks as a child does it. A container
+    runtime's masked /proc paths make Linux refuse the first one to an unprivileged user
+    (a new proc mount may not reveal what those mounts hide); no namespaces, neither."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        result = 0
+        try:
+            os.close(read)
+            enter_namespaces(CLONE_NEWNS | CLONE_NEWPID, use_userns)
+            inner = os.fork()  # a proc mount shows the PID namespace the caller is in
+            if inner == 0:
+                found = 0
+                try:
+                    mount(None, "/", None, MS_REC | MS_PRIVATE)
+                    for bit, (source, target, fstype) in enumerate(
+                            (("proc", "/proc", "proc"), ("tmpfs", "/dev/shm", "tmpfs"))):
+                        try:
+                            mount(source, target, fstype, MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                            found |= 1 << bit
+                        except OSError:
+                            pass
+                finally:
+                    os._exit(found)
+            _, status = os.waitpid(inner, 0)
+            result = os.waitstatus_to_exitcode(status)
+        except BaseException:  # noqa: BLE001 - no namespaces: nothing can be mounted
+            result = 0
+        finally:
+            os.write(write, bytes([max(result, 0) & 3]))
+            os._exit(0)
+    os.close(write)
+    try:
+        answer = os.read(read, 1)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    bits = answer[0] if answer else 0
+    return {"proc": bool(bits & 1), "dev_shm": bool(bits & 2)}
 
 
 def userns_usable() -> bool:

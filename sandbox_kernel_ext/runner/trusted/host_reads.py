@@ -142,15 +142,15 @@ def _minimal_cover(paths: Iterable[str]) -> list[str]:
 
 
 # Device and Linux kernel entries a Python child needs. /dev/null, zero, urandom and random serve
-# os.devnull and os.urandom/secrets/hash seeds; /proc serves psutil, os.cpu_count fallbacks and
-# /proc/self/fd; /sys/devices/system/cpu serves os.cpu_count and multiprocessing. /dev/tty is left
-# out on purpose: a child with the user's terminal could read their keystrokes.
+# os.devnull and os.urandom/secrets/hash seeds; /sys/devices/system/cpu serves os.cpu_count and
+# multiprocessing. /dev/tty is left out on purpose: a child with the user's terminal could read
+# their keystrokes. /proc is the child's to rule (`child/bootstrap.py`): whole where it is its
+# own, in part where it is the host's.
 PYTHON_DEVICE_READ_SET = (
     "/dev/null",
     "/dev/zero",
     "/dev/urandom",
     "/dev/random",
-    "/proc",
     "/sys/devices/system/cpu",
 )
 

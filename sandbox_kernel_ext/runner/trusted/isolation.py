@@ -18,12 +18,14 @@ from ...policy.models import SandboxTier
 from ..linux import landlock, seccomp
 
 __all__ = ["isolation_report", "missing_layers", "check_tier", "default_child_uid",
-           "seen_uid", "read_only_view_available", "user_namespaces", "NOBODY_UID"]
+           "seen_uid", "read_only_view_available", "private_mounts", "user_namespaces",
+           "NOBODY_UID"]
 
 NOBODY_UID = 65534
 # The first uid tried for a root kernel's children: high (no distribution hands it out, it is
 # below 2**31 for tools that keep uids in a signed int) and not nobody's, which daemons share.
 _DEDICATED_UID_TOP = 2**31 - 2
+_DEDICATED_UID_FLOOR = 65535  # never a uid of the 16-bit range distributions hand out
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,6 +46,19 @@ def read_only_view_available() -> bool:
     from ..linux.namespaces import mount_setattr_available
 
     return mount_setattr_available()
+
+
+@functools.lru_cache(maxsize=1)
+def private_mounts() -> dict[str, bool]:
+    """Whether a child gets a private /proc ("proc") and /dev/shm ("dev_shm"): each mount
+    tried once, in throwaway forks with the namespaces a child has. Inside a container
+    whose runtime masks /proc paths the first is refused; without namespaces, both. A plan
+    asks for what this found, and a child whose mount then fails refuses to run."""
+    if not sys.platform.startswith("linux") or not (user_namespaces() or os.geteuid() == 0):
+        return {"proc": False, "dev_shm": False}
+    from ..linux.namespaces import fresh_mounts
+
+    return fresh_mounts(user_namespaces())
 
 
 def network_namespaces() -> bool:
@@ -70,45 +85,57 @@ def _paranoid() -> str:
 @functools.lru_cache(maxsize=1)
 def default_child_uid() -> int:
     """Under a root kernel, a uid of the sandboxes' own: no account, group or subordinate
-    range names it, so no host process runs as it and none can trace or signal a child (a
-    process of the child's own uid could; with nobody's, every daemon that drops to it).
+    range names it (the account files, and the user databases the C library asks, such as
+    systemd's or LDAP's), so no host process runs as it and none can trace or signal a child
+    (a process of the child's own uid could; with nobody's, every daemon that drops to it).
     File permissions keep root's private files (logs, debconf's passwords, 0600 files
     anywhere) from it. Root's own uid (`SandboxManager(child_uid=0)`, in a user namespace with
     every capability dropped) makes root's folders and interpreter just work, but reads all
-    of those. The same files give the same uid, so every root kernel on a host agrees."""
-    taken = _named_ids()
+    of those. The same host gives the same uid, so every root kernel on it agrees."""
+    taken = _named_ranges()
     uid = _DEDICATED_UID_TOP
-    while uid in taken:
-        uid -= 1
-    return uid
+    while uid > _DEDICATED_UID_FLOOR:
+        below = next((start for start, end in taken if start <= uid < end), None)
+        if below is not None:
+            uid = below - 1  # under the whole range at once, not one id at a time
+        elif _resolves(uid):
+            uid -= 1
+        else:
+            return uid
+    raise SandboxError("no uid between 65536 and 2**31 is free of this host's accounts, groups "
+                       "and subordinate ranges for sandboxed children: pass "
+                       "SandboxManager(child_uid=N) with a uid no process uses")
 
 
-def _named_ids() -> _Ranges:
-    """The uids and gids the host's account files name: /etc/passwd, /etc/group and the
-    subordinate ranges of /etc/subuid and /etc/subgid (handed to users' own namespaces)."""
-    named = _Ranges()
-    for path, field in (("/etc/passwd", 2), ("/etc/group", 2)):
+def _resolves(uid: int) -> bool:
+    """Whether the C library's user or group databases know `uid` (NSS: files, systemd, LDAP)."""
+    import grp
+    import pwd
+
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+        except (KeyError, OverflowError):
+            continue
+        return True
+    return False
+
+
+def _named_ranges() -> list[tuple[int, int]]:
+    """[start, end) ranges of the uids and gids the host's account files name: /etc/passwd,
+    /etc/group and the subordinate ranges of /etc/subuid and /etc/subgid (handed to users'
+    own namespaces)."""
+    ranges: list[tuple[int, int]] = []
+    for path, first, count in (("/etc/passwd", 2, None), ("/etc/group", 2, None),
+                               ("/etc/subuid", 1, 2), ("/etc/subgid", 1, 2)):
         for fields in _colon_lines(path):
-            if len(fields) > field and fields[field].isdigit():
-                named.add(int(fields[field]), 1)
-    for path in ("/etc/subuid", "/etc/subgid"):
-        for fields in _colon_lines(path):
-            if len(fields) >= 3 and fields[1].isdigit() and fields[2].isdigit():
-                named.add(int(fields[1]), int(fields[2]))
-    return named
-
-
-class _Ranges:
-    """A set of ids held as ranges (a subordinate range is 65,536 ids or more)."""
-
-    def __init__(self) -> None:
-        self._ranges: list[tuple[int, int]] = []
-
-    def add(self, start: int, count: int) -> None:
-        self._ranges.append((start, start + count))
-
-    def __contains__(self, value: object) -> bool:
-        return isinstance(value, int) and any(a <= value < b for a, b in self._ranges)
+            numbers = [fields[i] for i in (first, count) if i is not None and i < len(fields)]
+            if len(numbers) != (1 if count is None else 2) or not all(
+                    n.isascii() and n.isdigit() for n in numbers):
+                continue
+            start = int(numbers[0])
+            ranges.append((start, start + (int(numbers[1]) if count is not None else 1)))
+    return ranges
 
 
 def _colon_lines(path: str) -> list[list[str]]:
@@ -129,14 +156,15 @@ def seen_uid(host_uid: int) -> int:
 def _child_identity() -> str:
     if os.name != "posix" or os.geteuid() != 0:
         return "the Jupyter kernel's own uid in a user namespace"
-    return (f"unprivileged uid {default_child_uid()}, which no account, group or subordinate "
+    return (f"by default, unprivileged uid {default_child_uid()}, which no account, group or subordinate "
             "range of this host names, so no host process can trace or signal a child; the "
             "child sees itself as nobody (65534) in its user namespace where it has one. The "
             "folders its policy grants that root owns (and a folder of root's on the way to "
             "them, such as /root) are shown to it as its own through idmapped mounts: what it "
             "creates there is root's (the Jupyter kernel runs as root; child_uid=0 runs "
             "children as root in a user namespace with every capability dropped, which reads "
-            "root's private files)")
+            "root's private files; child_uid=N runs them as N, which a host process of that "
+            "uid can trace)")
 
 
 def isolation_report() -> dict[str, Any]:
@@ -154,6 +182,9 @@ def isolation_report() -> dict[str, Any]:
         "network_namespace": linux and (user_namespaces() or os.geteuid() == 0),
         # Outside its writable roots the child sees the host read-only (no metadata changes).
         "read_only_host_view": read_only_view_available(),
+        # Its own /proc (only its processes) and /dev/shm (multiprocessing's semaphores).
+        "private_proc": private_mounts()["proc"],
+        "private_dev_shm": private_mounts()["dev_shm"],
         "rlimits": os.name == "posix",
         # CPU of children Linux reaps itself (their parent ignores SIGCHLD) counts too.
         "tree_cpu_clock": _tree_clock(),
@@ -169,6 +200,15 @@ def isolation_report() -> dict[str, Any]:
         "disk_quota": ("file_limits.max_total_bytes over what a sandbox adds to its writable "
                        "folders and home: timed walks (twenty times their cost apart, at most "
                        "5 s) and a kill past it; RLIMIT_FSIZE holds each file to what is left"),
+        "process_view": (
+            "a /proc of the child's own PID namespace" if private_mounts()["proc"] else
+            "the host's /proc, of which Landlock lets a child read its first process's own "
+            "entries and a few system-wide files (cpuinfo, meminfo, stat, ...) only; ps and "
+            "/proc/self of the processes it starts fail"),
+        "dev_shm": (
+            "a tmpfs of the child's own" if private_mounts()["dev_shm"] else
+            "the host's /dev/shm (multiprocessing's semaphores), shared with every process of "
+            "the child's uid there, Jupyter's own included"),
         "denied_paths_hidden_by": (
             "mounts in the child's namespace (an empty tmpfs or /dev/null on each; /etc and "
             '"read everywhere" need no enumeration)' if read_only_view_available() else
@@ -203,6 +243,14 @@ def missing_layers() -> list[str]:
     elif not read_only_view_available():
         missing.append("read-only view of the host (no mount_setattr before Linux 5.12): a child "
                        "can change the metadata of files its uid owns outside its roots")
+    mounts = private_mounts()
+    if not mounts["proc"]:
+        missing.append("private /proc (a fresh proc mount is refused here, as inside a container "
+                       "whose runtime masks /proc paths): a child reads only its first "
+                       "process's own /proc entries and a few system-wide files")
+    if not mounts["dev_shm"]:
+        missing.append("private /dev/shm (no mount namespace): a child shares the host's "
+                       "/dev/shm with every process of its uid")
     if not _tree_clock():
         missing.append("CPU clock of the whole tree (perf_event_open refused, "
                        f"perf_event_paranoid {_paranoid()}): CPU of children reaped by Linux "

@@ -124,6 +124,8 @@ class SandboxManager:
         self.monitor_interval = monitor_interval
         self._strict = strict
         self._is_root = os.name == "posix" and os.geteuid() == 0
+        if child_uid is not None and not (isinstance(child_uid, int) and 0 <= child_uid < 2**32 - 1):
+            raise SandboxError(f"child_uid must be a uid from 0 to {2**32 - 2}, not {child_uid!r}")
         self.child_uid = (
             (child_uid if child_uid is not None else default_child_uid()) if self._is_root else None
         )
@@ -151,7 +153,7 @@ class SandboxManager:
             warnings.warn(self.ISOLATION_WARNING.format(missing="; ".join(missing)), UserWarning,
                           stacklevel=2)
         denied = tuple(denied_reads())
-        grants = filesystem_grants(capability, denied)
+        grants = filesystem_grants(capability)
         build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied,
                    pinned=grants)  # the rest of the policy's checks, before anything is made
         self._check_writable(grants[1])

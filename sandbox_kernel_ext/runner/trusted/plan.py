@@ -26,7 +26,7 @@ from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within
 from ..wire import ChildPlan
 from . import host_reads
-from .isolation import read_only_view_available
+from .isolation import private_mounts, read_only_view_available
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "PROXY_PORT"]
 
@@ -92,14 +92,30 @@ def etc_secrets() -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=4)
-def _everywhere_read_set(denied: tuple[str, ...]) -> tuple[str, ...]:
-    """Rules for "read everywhere". With mounts to hide the denied paths: the top-level folders
-    but those granted in part, so a folder made later anywhere below is readable at once.
-    Without: every sibling along the way to each denied path, as this process first saw them
-    (a folder made later beside a denied path stays unreadable; the README says so)."""
-    if hidden_by_mounts():
-        return tuple(host_reads.cover_except("/", _EVERYWHERE_EXCLUDED))
-    return tuple(host_reads.cover_except("/", [*denied, *_EVERYWHERE_EXCLUDED]))
+def _everywhere_read_set() -> tuple[str, ...]:
+    """Rules for "read everywhere": the top-level folders but those granted in part, so a
+    folder made later anywhere below is readable at once. What may not be read below them is
+    hidden by the child's mounts, or, without mounts, left out of the rules at each run
+    (`split_around_denied`)."""
+    return tuple(host_reads.cover_except("/", _EVERYWHERE_EXCLUDED))
+
+
+def split_around_denied(readable: list[str], denied: Iterable[str],
+                        named: Iterable[str]) -> list[str]:
+    """Without mounts to hide them: each readable folder that holds a denied path the policy
+    does not name itself, as rules for everything in it but that path (`cover_except`),
+    listed anew at each run, so a folder or file made since is readable and a store made
+    since is not. A readable path inside a denied one that the policy does not name (a
+    link planted where a policy path was, `data -> ~/.aws`) is left out."""
+    named = set(named)
+    denied = [path for path in dict.fromkeys(denied) if path not in named]
+    rules: list[str] = []
+    for path in readable:
+        if path not in named and any(is_within(path, bad) for bad in denied):
+            continue
+        inside = [bad for bad in denied if is_within(bad, path)]
+        rules += host_reads.cover_except(path, inside) if inside else [path]
+    return list(dict.fromkeys(rules))
 
 
 def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...],
@@ -314,16 +330,15 @@ def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
     return out
 
 
-def filesystem_grants(
-    capability: CapabilityDeclaration, denied: tuple[str, ...] | None = None
-) -> tuple[list[str], list[str]]:
+def filesystem_grants(capability: CapabilityDeclaration) -> tuple[list[str], list[str]]:
     """(readable, writable) host paths the policy grants, before the runtime's own set.
 
     aumai-sandbox's `filesystem_config` and the filesystem-sandbox path table both count: a table root with
     mode `rw` and no `write_approval` is writable, `ro` (or `rw` behind an approval) readable,
     and a `read_approval` root is not reachable from a sandboxed process at all: its cell asks
     the trusted side, which opens the file after a yes. "Read everywhere" leaves gated roots out, and
-    a plain grant around or inside one is refused. `denied` is the credential list (computed when None).
+    a plain grant around or inside one is refused. The credential list and the gated roots
+    inside a grant are the plan's to hide (`build_plan`).
     """
     base = str(capability.base_path)
     config = capability.filesystem_config
@@ -347,9 +362,8 @@ def filesystem_grants(
     readable = [path for path in readable if path != "/"]
     _refuse_overlap(readable, ask_to_read, "readable path", "read_approval")
     if everywhere:
-        # Leaves the gated roots out, or (hidden_by_mounts) holds them, hidden by the child.
-        denied = tuple(denied_reads()) if denied is None else denied
-        readable += list(_everywhere_read_set((*denied, *ask_to_read)))
+        # Holds the gated roots and the denied paths: hidden by the child, or split around.
+        readable += list(_everywhere_read_set())
     _refuse_overlap(writable, ask_to_write, "writable path",
                     "read_approval, write_approval or mode ro")
     if table is not None:
@@ -494,7 +508,7 @@ def build_plan(
     comes with an owner map (a root kernel's unprivileged child), so root's granted folders
     are shown to the child as its own."""
     denied = tuple(denied_reads()) if denied is None else denied
-    readable, writable = filesystem_grants(capability, denied)
+    readable, writable = filesystem_grants(capability)
     if pinned is not None and (readable, writable) != pinned:
         moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
         raise SandboxError(
@@ -504,6 +518,9 @@ def build_plan(
         )
     homes = os.path.realpath(homes_folder())
     named = explicit_grants(capability)
+    if not hidden_by_mounts():
+        readable = split_around_denied(
+            readable, (*denied, *approval_roots(capability)[0], *etc_secrets()), named)
     hidden = hidden_paths(capability, denied, named)
     _refuse_stores_in_writable(writable, denied, named)
     for path in readable + writable:
@@ -530,6 +547,9 @@ def build_plan(
         raise SandboxError(f"working directory {workdir} is not readable under this policy")
     owner_mapped = (owner_mapped_paths([*writable, *(p for p in named if p != "/")],
                                        runtime_read_set()) if owner_mapping else [])
+    mounts = private_mounts()
+    if not mounts["dev_shm"] and os.path.isdir("/dev/shm"):
+        write_paths.append("/dev/shm")  # multiprocessing's semaphores; shared (the report says)
     write_paths = list(dict.fromkeys(write_paths))
     # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
     versions: list[object] = [_identity(path)
@@ -549,6 +569,8 @@ def build_plan(
         hidden_paths=present,
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
+        private_proc=mounts["proc"],
+        private_shm=mounts["dev_shm"],
     )
 
 
