@@ -505,7 +505,10 @@ def _shared_proc_reads() -> list[str]:
     above and this process's own folder, never another process's. Landlock follows the
     folder, not the pid, so the processes this one starts find their /proc/self closed."""
     own = f"/proc/{os.readlink('/proc/self')}"
-    return [path for path in (*SHARED_PROC_READS, own) if os.path.exists(path)]
+    # Its own entries but `net`, which is the network namespace's: without one of its own,
+    # the host's sockets (ports, peers, socket paths)
+    entries = [f"{own}/{name}" for name in os.listdir(own) if name != "net"]
+    return [path for path in (*SHARED_PROC_READS, *entries) if os.path.exists(path)]
 
 
 def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,

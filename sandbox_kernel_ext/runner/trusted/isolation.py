@@ -203,12 +203,14 @@ def isolation_report() -> dict[str, Any]:
         "process_view": (
             "a /proc of the child's own PID namespace" if private_mounts()["proc"] else
             "the host's /proc, of which Landlock lets a child read its first process's own "
-            "entries and a few system-wide files (cpuinfo, meminfo, stat, ...) only; ps and "
-            "/proc/self of the processes it starts fail"),
+            "entries (but net/) and a few system-wide files (cpuinfo, meminfo, stat, ...) "
+            "only; ps and /proc/self of the processes it starts fail, and which pids exist "
+            "(and their owners) can still be learned by stat"),
         "dev_shm": (
             "a tmpfs of the child's own" if private_mounts()["dev_shm"] else
-            "the host's /dev/shm (multiprocessing's semaphores), shared with every process of "
-            "the child's uid there, Jupyter's own included"),
+            "the host's /dev/shm (multiprocessing's semaphores), for policies that may write: "
+            "shared with every process of the child's uid there, Jupyter's own included, "
+            "outside the disk quota, and not emptied when a run ends"),
         "denied_paths_hidden_by": (
             "mounts in the child's namespace (an empty tmpfs or /dev/null on each; /etc and "
             '"read everywhere" need no enumeration)' if read_only_view_available() else

@@ -548,8 +548,10 @@ def build_plan(
     owner_mapped = (owner_mapped_paths([*writable, *(p for p in named if p != "/")],
                                        runtime_read_set()) if owner_mapping else [])
     mounts = private_mounts()
-    if not mounts["dev_shm"] and os.path.isdir("/dev/shm"):
-        write_paths.append("/dev/shm")  # multiprocessing's semaphores; shared (the report says)
+    if not mounts["dev_shm"] and writable and os.path.isdir("/dev/shm"):
+        # multiprocessing's semaphores, for a policy that may write at all: the host's /dev/shm,
+        # shared, and outside the quota (the report says so)
+        write_paths.append("/dev/shm")
     write_paths = list(dict.fromkeys(write_paths))
     # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
     versions: list[object] = [_identity(path)
