@@ -186,7 +186,7 @@ for index in range(30):                 # 30 × 512 KiB that never had a name
     os.write(fd, b"x" * 524288)
     held.append(fd)
     time.sleep(0.02)
-time.sleep(1)
+for _ in range(60): time.sleep(0.1)  # past the longest pause between walks (5 s)
 print("all held")
 """
 
@@ -208,7 +208,7 @@ for index in range(30):                 # 30 × 512 KiB kept only by a shared ma
     os.close(fd)
     os.unlink(path)
     time.sleep(0.02)
-time.sleep(1)
+for _ in range(60): time.sleep(0.1)  # past the longest pause between walks (5 s)
 print("all held")
 """
 
@@ -227,7 +227,8 @@ def test_a_flood_of_empty_files_counts(shared_dir: Path) -> None:
 import os
 for index in range(20000):          # 20,000 × 256 bytes: 5 MB against a 2 MB quota
     open(os.path.join(FOLDER, f"e{index}"), "w").close()
-import time; time.sleep(1)
+import time
+for _ in range(60): time.sleep(0.1)  # past the longest pause between walks (5 s)
 print("all made")
 """)
     assert result.killed is not None and "disk quota" in result.killed, result
