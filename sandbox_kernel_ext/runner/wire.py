@@ -76,6 +76,10 @@ class ChildPlan:
     # not asked reads only its own /proc entries (Landlock) and uses the host's /dev/shm.
     private_proc: bool = False
     private_shm: bool = False
+    # No network namespace for the proxy: every connect waits for the trusted side, which
+    # puts its own connection to the proxy at the child's descriptor, or refuses
+    # (`trusted/connect_broker.py`).
+    connect_by_notification: bool = False
 
     def view(self) -> str:
         """Everything a child's prepared view depends on (mounts, covers, Landlock rules), as

@@ -9,7 +9,9 @@ of this repository, is carried over); a fresh /proc with the runtime's masked an
 paths; uid and gid 1000 with no supplementary group, every capability set and the bounding
 set empty; `no_new_privs`; then the runtime's real seccomp profile, from Debian's packages,
 loaded through libseccomp (Debian's python3-seccomp, which is why this runs under
-/usr/bin/python3), and exec. The exit status is the command's.
+/usr/bin/python3); then the command, started by PID 1, which stays to reap as an image's
+init does (so the command is not PID 1: a `kill(1, ...)` means what it means in a pod).
+The exit status is the command's.
 
 The masked and read-only paths are Docker's (`oci/defaults.go` of Debian's
 golang-github-docker-docker-dev, read from the file); Podman's lists are not in Debian's
@@ -27,6 +29,7 @@ import json
 import os
 import platform
 import re
+import signal
 import socket
 import stat
 import struct
@@ -46,7 +49,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 0x1000, 0x4000, 1 << 18
-PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
+PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
 SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
 OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 4
 MOUNT_ATTR_RDONLY, AT_FDCWD = 1, -100
@@ -271,6 +274,9 @@ def main() -> None:
         _, status = os.waitpid(pid, 0)
         sys.exit(os.waitstatus_to_exitcode(status))
     try:
+        # If this process is killed, its namespace goes with it: PID 1's end ends every
+        # process in it.
+        _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         socket.sethostname("pod")
         loopback_up()
         build_filesystem([os.path.realpath(path) for path in options.keep])
@@ -284,7 +290,13 @@ def main() -> None:
                if key in ("PATH", "LANG", "LC_ALL", "TERM", "PYTHONPATH")}
         env.update(HOME=home, USER="jovyan", TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1",
                    SANDBOX_CONTAINER_PROFILE=options.profile)
-        os.execvpe(options.command[0], options.command, env)
+        command = os.fork()  # PID 1 stays an init that reaps, as tini does in Jupyter's images
+        if command == 0:
+            os.execvpe(options.command[0], options.command, env)
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == command:
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     except BaseException as exc:  # noqa: BLE001 - PID 1 reports and ends the namespace
         print(f"enter.py: {type(exc).__name__}: {exc}", file=sys.stderr)
         os._exit(125)

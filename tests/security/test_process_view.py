@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import tempfile
 
@@ -28,6 +29,11 @@ def attempt(read):
         return read()[:40]
     except OSError as exc:
         return type(exc).__name__
+def whole(read):
+    try:
+        return read()
+    except OSError as exc:
+        return type(exc).__name__
 kernel = int(os.environ["SBX_KERNEL_PID"])
 seen = {
     "kernel cmdline": attempt(lambda: open(f"/proc/{kernel}/cmdline").read()),
@@ -36,6 +42,10 @@ seen = {
     "pid 1 cmdline": attempt(lambda: open("/proc/1/cmdline").read()),
     "listing": attempt(lambda: sorted(p for p in os.listdir("/proc") if p.isdigit())),
     "own status": attempt(lambda: open("/proc/self/status").read()),
+    "sockets": [whole(lambda: open(path).read()) for path in (
+        "/proc/self/net/tcp", "/proc/self/net/tcp6",
+        f"/proc/{os.getpid()}/task/{os.getpid()}/net/tcp",
+        f"/proc/self/task/{os.getpid()}/net/tcp6")],
 }
 print(json.dumps(seen))
 """
@@ -50,7 +60,12 @@ def manager() -> SandboxManager:
 def test_a_child_reads_no_other_process(manager: SandboxManager) -> None:
     sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
         mode="read_only", readable_paths=None)))  # "everywhere": /proc is not a grant
-    result = manager.run_python(sid, LOOK, env={"SBX_KERNEL_PID": str(os.getpid())})
+    listener = socket.create_server(("127.0.0.1", 0))
+    port_hex = f":{listener.getsockname()[1]:04X} "
+    try:
+        result = manager.run_python(sid, LOOK, env={"SBX_KERNEL_PID": str(os.getpid())})
+    finally:
+        listener.close()
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
     truth = {  # what those files hold, read from outside: the child must never get it
@@ -62,6 +77,9 @@ def test_a_child_reads_no_other_process(manager: SandboxManager) -> None:
     for name, path in truth.items():
         with open(path) as real:
             assert seen[name] != real.read()[:40], (name, seen[name])
+    # The host's sockets (found in review: a child on the pod's network read its listening
+    # ports through its own task/TID/net): a port this process listens on never shows.
+    assert not any(port_hex in str(text) for text in seen["sockets"]), seen["sockets"]
     listing = seen["listing"]
     assert listing == "PermissionError" or str(os.getpid()) not in listing, listing
     assert seen["own status"].startswith("Name:"), seen["own status"]

@@ -27,6 +27,7 @@ import signal
 import socket
 import stat
 import struct
+from collections.abc import Iterable
 
 from ...policy.paths import is_within
 from ..linux import landlock, seccomp
@@ -87,6 +88,12 @@ SYSCALL_FILTER = (
 EGRESS_SYSCALL_FILTER = (
     seccomp.SeccompFilter(allow_socket_families=(socket.AF_INET, socket.AF_INET6),
                           inet_tcp_only=True, allow_unix_pairs=True)
+    if seccomp.supported_arch() else None
+)
+# Without a network namespace: the same, and every connect is answered by the trusted side.
+NOTIFIED_EGRESS_SYSCALL_FILTER = (
+    seccomp.SeccompFilter(allow_socket_families=(socket.AF_INET, socket.AF_INET6),
+                          inet_tcp_only=True, allow_unix_pairs=True, notify_connect=True)
     if seccomp.supported_arch() else None
 )
 SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914
@@ -279,7 +286,7 @@ def close_other_fds(keep: set[int]) -> None:
             os.closerange(low + 1, high)
 
 
-def _install_fds(fds: dict[str, int], status_w: int, keep: int | None = None) -> int:
+def _install_fds(fds: dict[str, int], status_w: int, keep: Iterable[int] = ()) -> int:
     """Move the child's descriptors to fixed numbers and close everything else but `keep`.
     Each is first copied above the fixed numbers, so that no copy is overwritten by another
     (a spare has closed the launcher's low descriptors: the run's may sit anywhere)."""
@@ -291,7 +298,7 @@ def _install_fds(fds: dict[str, int], status_w: int, keep: int | None = None) ->
     high = {target: fcntl.fcntl(source, fcntl.F_DUPFD, STATUS_FD + 1)
             for target, source in wanted.items()}
     status_high = fcntl.fcntl(status_w, fcntl.F_DUPFD, STATUS_FD + 1)
-    kept = set(wanted) | ({keep} if keep is not None else set())
+    kept = set(wanted) | set(keep)
     for target, source in high.items():
         os.dup2(source, target, inheritable=True)
     os.dup2(status_high, STATUS_FD, inheritable=False)
@@ -505,9 +512,9 @@ def _shared_proc_reads() -> list[str]:
     above and this process's own folder, never another process's. Landlock follows the
     folder, not the pid, so the processes this one starts find their /proc/self closed."""
     own = f"/proc/{os.readlink('/proc/self')}"
-    # Its own entries but `net`, which is the network namespace's: without one of its own,
-    # the host's sockets (ports, peers, socket paths)
-    entries = [f"{own}/{name}" for name in os.listdir(own) if name != "net"]
+    # Its own entries but `net` (and `task`, whose threads each have one), the network
+    # namespace's: without one of its own, the host's sockets (ports, peers, socket paths)
+    entries = [f"{own}/{name}" for name in os.listdir(own) if name not in ("net", "task")]
     return [path for path in (*SHARED_PROC_READS, *entries) if os.path.exists(path)]
 
 
@@ -569,19 +576,34 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
 def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
                      rules: landlock.LandlockRuleset | None) -> None:
     """The run's part: the proxy's listener, the run's descriptors on their numbers, its
-    working folder and rlimits, then no capability, Landlock, seccomp, and the program."""
-    if "egress" in fds:
+    working folder and rlimits, then no capability, Landlock, seccomp, and the program.
+    Without a network namespace (`plan.connect_by_notification`) the trusted side gets the
+    seccomp filter's listener instead of the proxy's, once the filter is in place."""
+    notify_to = None
+    if "egress" in fds and plan.connect_by_notification:
+        egress = fds.pop("egress")
+        notify_to = fcntl.fcntl(egress, fcntl.F_DUPFD_CLOEXEC, STATUS_FD + 1)  # past _install_fds
+        os.close(egress)
+    elif "egress" in fds:
         _hand_over_listener(plan, fds)
-    status_w = _install_fds(fds, status_w, keep=rules.fileno() if rules is not None else None)
+    keep = [fd for fd in (rules.fileno() if rules is not None else None, notify_to)
+            if fd is not None]
+    status_w = _install_fds(fds, status_w, keep=keep)
     os.chdir(plan.cwd)
     for name, (soft, hard) in plan.rlimits.items():
         resource.setrlimit(RLIMIT_NUMBERS[name], (soft, hard))
     drop_capabilities()
     if rules is not None:
         rules.restrict_self()
-    syscall_filter = EGRESS_SYSCALL_FILTER if plan.proxy_port is not None else SYSCALL_FILTER
+    syscall_filter = (NOTIFIED_EGRESS_SYSCALL_FILTER if notify_to is not None else
+                      EGRESS_SYSCALL_FILTER if plan.proxy_port is not None else SYSCALL_FILTER)
     if syscall_filter is not None:
-        syscall_filter.install()
+        listener = syscall_filter.install()
+        if notify_to is not None and listener is not None:
+            # The listener answers this process's connects: it must not stay here.
+            with socket.socket(fileno=notify_to) as handoff:
+                socket.send_fds(handoff, [b"notify"], [listener])
+            os.close(listener)
     prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it is wholly confined
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)

@@ -296,14 +296,17 @@ class Launcher:
             pass  # the trusted side is gone: its end of file ends the loop
 
     def _reap(self) -> None:
-        """Report every child that ended; without PID namespaces, kill what it left behind."""
+        """Report every child that ended; without PID namespaces, kill what it left behind,
+        again each time an orphan of it ends: the orphan's own children are ours now (a
+        fork bomb's tree comes up to us a generation at a time)."""
+        orphan_ended = False
         while True:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
             for spare in (self.spare, *self.prepared.values()):
                 if spare is not None and pid == spare.setup_pid:
                     spare.setup_reaped = True
@@ -316,6 +319,7 @@ class Launcher:
                 if spare.pid == pid:  # a prepared one died waiting: its run takes another
                     self.prepared.pop(key).close()
             if pid not in self.live:
+                orphan_ended = orphan_ended or not self._is_setup_fork(pid)
                 continue  # a setup fork or an orphan reparented to us
             self._send({"op": "exited", "id": self.live.pop(pid),
                         "status": os.waitstatus_to_exitcode(status),
@@ -323,6 +327,12 @@ class Launcher:
                         "maxrss_kb": usage.ru_maxrss})
             if not self.pid_namespaces:
                 kill_orphans(self._ours())
+        if orphan_ended and not self.pid_namespaces:
+            kill_orphans(self._ours())
+
+    def _is_setup_fork(self, pid: int) -> bool:
+        return any(spare is not None and spare.setup_pid == pid
+                   for spare in (self.spare, *self.prepared.values()))
 
     def _ours(self) -> set[int]:
         """The children that are not orphans: the live runs and the spares."""

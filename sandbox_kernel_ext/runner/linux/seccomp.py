@@ -36,7 +36,8 @@ from .syscalls import checked, libc, prctl, set_no_new_privs, thread_count
 
 __all__ = [
     "Action", "Rule", "SeccompFilter", "SeccompUnavailableError", "build_rules", "compile_filter",
-    "seccomp_available", "supported_arch",
+    "seccomp_available", "supported_arch", "Notification", "receive_notification",
+    "notification_valid", "place_descriptor", "answer", "action_available", "NOTIFY",
 ]
 
 # -- (a) constants and syscall numbers ------------------------------------------------------------
@@ -49,6 +50,9 @@ SECCOMP_GET_ACTION_AVAIL = 2
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_USER_NOTIF = 0x7FC00000
+SECCOMP_SET_MODE_FILTER = 1  # seccomp(2)'s operation (prctl's mode is SECCOMP_MODE_FILTER)
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7
 X32_SYSCALL_BIT = 0x40000000
@@ -106,6 +110,7 @@ ARCHES: dict[str, _Arch] = {
         "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
         "keyctl": 250, "add_key": 248, "request_key": 249, "open_by_handle_at": 304,
         "name_to_handle_at": 303, "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53,
+        "connect": 42, "listen": 50,
         "seccomp": 317, "ioctl": 16, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
         "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301,
         "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68,
@@ -124,6 +129,7 @@ ARCHES: dict[str, _Arch] = {
         "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
         "keyctl": 219, "add_key": 217, "request_key": 218, "open_by_handle_at": 265,
         "name_to_handle_at": 264, "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199,
+        "connect": 203, "listen": 201,
         "seccomp": 277, "ioctl": 29, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
         "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "msgget": 186,
@@ -144,9 +150,10 @@ _WORD = 0xFFFFFFFF
 
 @dataclass(frozen=True)
 class Action:
-    """What the filter answers: run the call, fail it with ``errno``, or kill the process."""
+    """What the filter answers: run the call, fail it with ``errno``, kill the process, or
+    stop the call and ask the filter's listener (``notify``), which answers in its place."""
 
-    kind: Literal["allow", "errno", "kill"]
+    kind: Literal["allow", "errno", "kill", "notify"]
     errno: int = 0
 
     @property
@@ -154,11 +161,13 @@ class Action:
         """The SECCOMP_RET_* word the BPF program returns."""
         if self.kind == "errno":
             return SECCOMP_RET_ERRNO | (self.errno & 0xFFFF)
-        return SECCOMP_RET_ALLOW if self.kind == "allow" else SECCOMP_RET_KILL_PROCESS
+        return {"allow": SECCOMP_RET_ALLOW, "kill": SECCOMP_RET_KILL_PROCESS,
+                "notify": SECCOMP_RET_USER_NOTIF}[self.kind]
 
 
 ALLOW = Action("allow")
 KILL = Action("kill")
+NOTIFY = Action("notify")
 
 
 def fail_with(code: int) -> Action:
@@ -317,6 +326,7 @@ def build_rules(
     *,
     inet_tcp_only: bool = True,
     allow_unix_pairs: bool = False,
+    notify_connect: bool = False,
 ) -> tuple[Rule, ...]:
     """The filter's rules for these options (see ``SeccompFilter``), in dispatch order."""
     families = frozenset(int(family) for family in allow_socket_families)
@@ -367,6 +377,17 @@ def build_rules(
         deny("sendto", ArgHasBits(3, MSG_FASTOPEN), why=fastopen),
         deny("sendmmsg", ArgHasBits(3, MSG_FASTOPEN), why=fastopen),
         deny("sendmsg", ArgHasBits(2, MSG_FASTOPEN), why=fastopen),
+        deny("seccomp", ArgHasBits(1, SECCOMP_FILTER_FLAG_NEW_LISTENER),
+             why="a filter whose listener the child holds answers its own calls: with the "
+                 "trusted side's listener gone it would let its connects run"),
+        *((Rule("connect", NOTIFY, (), why=(
+            "without a network namespace every connect is the trusted side's to answer: it "
+            "never runs the child's call (its address could change after a check), it either "
+            "puts its own connection to the proxy at the child's descriptor or refuses")),
+           deny("listen", why="without a network namespace a listening socket (bound by "
+                              "listen itself, past Landlock's bind rule) would take "
+                              "connections from the pod's network"))
+          if notify_connect else ()),
     )
 
 
@@ -537,7 +558,7 @@ def compile_filter(rules: Sequence[Rule], arch: str) -> list[tuple[int, int, int
             following = labels[position + 1] if position + 1 < len(labels) else None
             emit_rule(steps[position], following or entry(steps[position + 1:]))
 
-    order = {"allow": 0, "errno": 1, "kill": 2}
+    order = {"allow": 0, "errno": 1, "kill": 2, "notify": 3}
     for action in sorted(returns, key=lambda a: (order[a.kind], a.errno)):
         asm.label(ret_label(action))
         asm.ret(action.ret)
@@ -562,6 +583,18 @@ def _libc() -> ctypes.CDLL:
     if lib is None:
         raise SeccompUnavailableError("seccomp exists only on Linux")
     return lib
+
+
+def action_available(action: Action) -> bool:
+    """Whether this kernel knows `action`'s return (user notification came with Linux 5.0)."""
+    arch_name = supported_arch()
+    if arch_name is None:
+        return False
+    word = ctypes.c_uint32(action.ret & 0xFFFF0000)
+    result = _libc().syscall(ctypes.c_long(ARCHES[arch_name].syscalls["seccomp"]),
+                             ctypes.c_uint(SECCOMP_GET_ACTION_AVAIL), ctypes.c_uint(0),
+                             ctypes.byref(word))
+    return result == 0
 
 
 def seccomp_available() -> bool:
@@ -609,6 +642,8 @@ class SeccompFilter:
     a connected stream pair reaches no socket outside the process tree (``multiprocessing``
     needs it), while ``socket(AF_UNIX)`` could connect to a pathname socket such as docker.sock,
     and a datagram pair can still ``sendto`` one (/dev/log, systemd's notify socket).
+    ``notify_connect``: every ``connect`` waits for the filter's listener, which ``install()``
+    returns (seccomp user notification): for egress where there is no network namespace.
     ``arch``: the architecture to build for (default: this machine); a mismatch with the running
     kernel's kills the process at its first syscall, which is what the check is for.
 
@@ -621,6 +656,7 @@ class SeccompFilter:
         *,
         inet_tcp_only: bool = True,
         allow_unix_pairs: bool = False,
+        notify_connect: bool = False,
         arch: str | None = None,
     ) -> None:
         arch_name = arch if arch is not None else supported_arch()
@@ -633,8 +669,9 @@ class SeccompFilter:
         self.allow_socket_families = frozenset(int(family) for family in allow_socket_families)
         self.inet_tcp_only = inet_tcp_only
         self.allow_unix_pairs = allow_unix_pairs
+        self.notify_connect = notify_connect
         self.rules = build_rules(self.allow_socket_families, inet_tcp_only=inet_tcp_only,
-                                 allow_unix_pairs=allow_unix_pairs)
+                                 allow_unix_pairs=allow_unix_pairs, notify_connect=notify_connect)
         self._program = compile_filter(self.rules, arch_name)
         # The program as the kernel reads it, made once: a fork that installs it only loads it.
         self._filters = (_SockFilter * len(self._program))(
@@ -644,11 +681,13 @@ class SeccompFilter:
         """The program as (code, jt, jf, k) tuples, for inspection and tests."""
         return list(self._program)
 
-    def install(self, *, only_this_thread: bool = False) -> None:
+    def install(self, *, only_this_thread: bool = False) -> int | None:
         """Set NO_NEW_PRIVS and load the filter for the CURRENT THREAD (inherited across fork/exec).
 
         Irreversible. Refuses in a multi-threaded process unless ``only_this_thread`` is set,
-        because the other threads would stay unfiltered.
+        because the other threads would stay unfiltered. With ``notify_connect``, returns the
+        filter's listener: whoever holds it answers the process's connects, so it must leave
+        the process at once (a confined process holding it would answer its own).
         """
         if supported_arch() is None:
             raise SeccompUnavailableError("seccomp filtering is not available on this platform")
@@ -660,6 +699,12 @@ class SeccompFilter:
         fprog = _SockFprog(len(self._program),
                            ctypes.cast(self._filters, ctypes.POINTER(_SockFilter)))
         set_no_new_privs()
+        if self.notify_connect:
+            return checked(_libc().syscall(
+                ctypes.c_long(self.arch.syscalls["seccomp"]),
+                ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
+                ctypes.c_uint(SECCOMP_FILTER_FLAG_NEW_LISTENER),
+                ctypes.byref(fprog)))
         # PR_SET_SECCOMP takes the program pointer as its third argument.
         zero = ctypes.c_ulong(0)
         checked(_libc().prctl(
@@ -669,3 +714,66 @@ class SeccompFilter:
             zero,
             zero,
         ))
+        return None
+
+
+# -- (e) the listener's side: seccomp user notification (include/uapi/linux/seccomp.h) -------------
+
+SECCOMP_IOCTL_NOTIF_RECV = 0xC0502100  # _IOWR('!', 0, struct seccomp_notif), 80 bytes
+SECCOMP_IOCTL_NOTIF_SEND = 0xC0182101  # _IOWR('!', 1, struct seccomp_notif_resp), 24 bytes
+SECCOMP_IOCTL_NOTIF_ID_VALID = 0x40082102  # _IOW('!', 2, __u64)
+SECCOMP_IOCTL_NOTIF_ADDFD = 0x40182103  # _IOW('!', 3, struct seccomp_notif_addfd), 24 bytes
+SECCOMP_ADDFD_FLAG_SETFD = 1
+
+
+class Notification(ctypes.Structure):
+    """struct seccomp_notif: a stopped call (its pid as the listener's namespace sees it)."""
+
+    _fields_ = [("id", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("nr", ctypes.c_int32), ("arch", ctypes.c_uint32),
+                ("instruction_pointer", ctypes.c_uint64), ("args", ctypes.c_uint64 * 6)]
+
+
+class _Response(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32),
+                ("flags", ctypes.c_uint32)]
+
+
+class _AddFd(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("srcfd", ctypes.c_uint32),
+                ("newfd", ctypes.c_uint32), ("newfd_flags", ctypes.c_uint32)]
+
+
+def _ioctl(fd: int, request: int, argument: object) -> int:
+    return checked(_libc().ioctl(ctypes.c_int(fd), ctypes.c_ulong(request), argument))
+
+
+def receive_notification(listener: int) -> Notification:
+    """The next stopped call (blocks; poll the listener first). ENOENT: its process is gone."""
+    notification = Notification()
+    _ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, ctypes.byref(notification))
+    return notification
+
+
+def notification_valid(listener: int, notification_id: int) -> bool:
+    """Whether the call still waits (its process has not died, its pid not been reused)."""
+    try:
+        _ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, ctypes.byref(ctypes.c_uint64(notification_id)))
+    except OSError:
+        return False
+    return True
+
+
+def place_descriptor(listener: int, notification_id: int, source: int, target: int,
+                     cloexec: bool) -> None:
+    """Put a copy of our descriptor `source` at number `target` in the stopped process (in
+    place of what was there, as dup2 does). Linux 5.9 and later."""
+    addfd = _AddFd(notification_id, SECCOMP_ADDFD_FLAG_SETFD, source, target,
+                   0o2000000 if cloexec else 0)
+    _ioctl(listener, SECCOMP_IOCTL_NOTIF_ADDFD, ctypes.byref(addfd))
+
+
+def answer(listener: int, notification_id: int, *, error: int = 0, value: int = 0) -> None:
+    """Finish the stopped call: it returns `value`, or fails with `error` (an errno)."""
+    _ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND,
+           ctypes.byref(_Response(notification_id, value, -error if error else 0, 0)))

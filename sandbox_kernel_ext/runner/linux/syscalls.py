@@ -53,7 +53,11 @@ def thread_count() -> int:
     Fails closed: when /proc cannot tell (not mounted, hidepid, an earlier Landlock layer),
     it raises instead of guessing one, because a wrong "1" leaves other threads unconfined."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+        raise OSError(errno.ENOENT, "no Threads: line in /proc/self/status")
     except OSError as exc:
         raise RuntimeError(
             f"cannot count this process's threads through /proc ({exc.strerror}); "

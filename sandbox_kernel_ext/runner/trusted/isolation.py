@@ -62,9 +62,28 @@ def private_mounts() -> dict[str, bool]:
 
 
 def network_namespaces() -> bool:
-    """Whether a child can get its own network namespace (root, or user namespaces allowed):
-    the egress proxy needs one, and without it a sandbox gets no network at all."""
+    """Whether a child can get its own network namespace (root, or user namespaces allowed),
+    where the egress proxy listens for it."""
     return sys.platform.startswith("linux") and (os.geteuid() == 0 or user_namespaces())
+
+
+@functools.lru_cache(maxsize=1)
+def connect_notification() -> bool:
+    """Whether the trusted side can answer a child's connects (seccomp user notification with
+    descriptors put into the child: Linux 5.9), for egress without a network namespace."""
+    if not sys.platform.startswith("linux") or seccomp.supported_arch() is None:
+        return False
+    release = [int(part) for part in platform.release().split("-")[0].split(".")[:2]
+               if part.isdigit()]
+    if len(release) < 2 or tuple(release) < (5, 9):
+        return False
+    return seccomp.action_available(seccomp.NOTIFY)
+
+
+def egress_possible() -> bool:
+    """Whether a policy's egress rules can be enforced here: through a network namespace of
+    the child's own, or by answering its connects; without either a sandbox has no network."""
+    return network_namespaces() or connect_notification()
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,6 +199,8 @@ def isolation_report() -> dict[str, Any]:
         "user_namespace": user_namespaces(),
         "pid_namespace": linux and (user_namespaces() or os.geteuid() == 0),
         "network_namespace": linux and (user_namespaces() or os.geteuid() == 0),
+        # Egress without a network namespace: every connect answered by the kernel's process.
+        "connect_notification": connect_notification(),
         # Outside its writable roots the child sees the host read-only (no metadata changes).
         "read_only_host_view": read_only_view_available(),
         # Its own /proc (only its processes) and /dev/shm (multiprocessing's semaphores).
@@ -206,6 +227,14 @@ def isolation_report() -> dict[str, Any]:
             "entries (but net/) and a few system-wide files (cpuinfo, meminfo, stat, ...) "
             "only; ps and /proc/self of the processes it starts fail, and which pids exist "
             "(and their owners) can still be learned by stat"),
+        "egress": (
+            "the proxy listens in the child's own network namespace (loopback only)"
+            if network_namespaces() else
+            "no network namespace: every connect of the child stops and the Jupyter kernel's "
+            "process answers it (seccomp user notification), with its own connection to the "
+            "proxy for the proxy's address and a refusal for any other"
+            if connect_notification() else
+            "none: a policy with egress rules gets no network at all"),
         "dev_shm": (
             "a tmpfs of the child's own" if private_mounts()["dev_shm"] else
             "the host's /dev/shm (multiprocessing's semaphores), for policies that may write: "

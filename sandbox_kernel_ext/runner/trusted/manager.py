@@ -32,6 +32,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
 from ..wire import ChildPlan
+from .connect_broker import ConnectBroker
 from .control import CellEvents, ControlChannel, InputCallback
 from .disk_quota import DiskQuota
 from .egress_proxy import EgressProxy
@@ -40,7 +41,7 @@ from .isolation import (
     check_tier,
     default_child_uid,
     missing_layers,
-    network_namespaces,
+    egress_possible,
     user_namespaces,
 )
 from .launcher_client import LauncherClient, SpawnedChild
@@ -158,10 +159,11 @@ class SandboxManager:
                    pinned=grants)  # the rest of the policy's checks, before anything is made
         self._check_writable(grants[1])
         network_note = None
-        if capability.network_egress_rules and not network_namespaces():
+        if capability.network_egress_rules and not egress_possible():
             network_note = (
                 "network_egress_rules cannot be enforced on this host (no network namespace: "
-                "user namespaces are refused), so this sandbox gets no network at all"
+                "user namespaces are refused; and no seccomp user notification to answer "
+                "connects), so this sandbox gets no network at all"
             )
             if self._strict or capability.strict:
                 raise SandboxError("strict mode: " + network_note)
@@ -578,7 +580,8 @@ class SandboxManager:
             plumbing.close_child_ends()  # the launcher has them: an end of file means it ended
             listener = None
             if plumbing.handoff is not None:
-                listener = self._serve_egress(sandbox, child, plumbing.handoff)
+                listener = self._serve_egress(sandbox, child, plumbing.handoff,
+                                              plan.connect_by_notification)
             plumbing.close_handoff()
         except BaseException:
             child.kill()
@@ -660,16 +663,22 @@ class SandboxManager:
         )
 
     def _serve_egress(
-        self, sandbox: _Sandbox, child: SpawnedChild, handoff: socket.socket
+        self, sandbox: _Sandbox, child: SpawnedChild, handoff: socket.socket, notified: bool
     ) -> socket.socket:
-        """Take the listener the child made in its network namespace and proxy for it."""
+        """Take the listener the child made in its network namespace and proxy for it; or,
+        where it has none, its seccomp filter's listener, whose connects a `ConnectBroker`
+        answers with connections to a proxy listener of ours, on loopback."""
         handoff.settimeout(_HANDOFF_TIMEOUT)
         try:
-            _, fds, _, _ = socket.recv_fds(handoff, 64, 1)
+            message, fds, _, _ = socket.recv_fds(handoff, 64, 1)
         except OSError as exc:
             fds, reason = [], str(exc)
         else:
             reason = "it ended first" if not fds else ""
+            if fds and message != (b"notify" if notified else b"listener"):
+                for fd in fds:
+                    os.close(fd)
+                fds, reason = [], f"it sent {message[:40]!r}, not what its plan asks for"
         if not fds:
             raise SandboxError(f"the sandbox could not set up its network ({reason}); "
                                f"{child.error or 'see the isolation report'}")
@@ -681,8 +690,19 @@ class SandboxManager:
                     sandbox_id=sandbox.sandbox_id, on_decision=sandbox.egress_log.append,
                     resolver=self._egress_resolver,
                 )
-        listener = socket.socket(fileno=fds[0])
+        for fd in fds:  # received without close-on-exec: not for what this process starts
+            os.set_inheritable(fd, False)
+        if not notified:
+            listener = socket.socket(fileno=fds[0])
+            sandbox.proxy.serve(listener)
+            return listener
+        try:
+            listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        except BaseException:
+            os.close(fds[0])
+            raise
         sandbox.proxy.serve(listener)
+        ConnectBroker(fds[0], PROXY_PORT, listener.getsockname()[:2])  # ends with the tree
         return listener
 
     @staticmethod

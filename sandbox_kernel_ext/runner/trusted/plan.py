@@ -26,7 +26,7 @@ from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within
 from ..wire import ChildPlan
 from . import host_reads
-from .isolation import private_mounts, read_only_view_available
+from .isolation import network_namespaces, private_mounts, read_only_view_available
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "PROXY_PORT"]
 
@@ -573,6 +573,8 @@ def build_plan(
         owner_mapped=owner_mapped,
         private_proc=mounts["proc"],
         private_shm=mounts["dev_shm"],
+        # where the proxy cannot listen in a namespace of the child's own
+        connect_by_notification=proxy_port is not None and not network_namespaces(),
     )
 
 
