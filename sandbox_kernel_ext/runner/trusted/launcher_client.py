@@ -63,7 +63,13 @@ class SpawnedChild:
         before the launcher's answer arrives, the kill happens as soon as it does."""
         self.kill_requested = True
         if self.pidfd >= 0 and not self.exited.is_set() and not self.pid_namespace:
-            _sweep_descendants(self.pid)  # no namespace to take them with it
+            # No namespace to take them with it: the child is stopped first, so it cannot see
+            # its children die (a wait() returning) and finish its cell while they are swept.
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGSTOP)
+            except (ProcessLookupError, OSError):
+                pass
+            _sweep_descendants(self.pid)
         if self.pidfd >= 0 and not self.exited.is_set():
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
