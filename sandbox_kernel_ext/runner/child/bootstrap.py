@@ -515,7 +515,7 @@ def _shared_proc_reads() -> list[str]:
     # Its own entries but `net` (and `task`, whose threads each have one), the network
     # namespace's: without one of its own, the host's sockets (ports, peers, socket paths)
     entries = [f"{own}/{name}" for name in os.listdir(own) if name not in ("net", "task")]
-    return [path for path in (*SHARED_PROC_READS, *entries) if os.path.exists(path)]
+    return [path for path in SHARED_PROC_READS if os.path.exists(path)] + entries
 
 
 def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,

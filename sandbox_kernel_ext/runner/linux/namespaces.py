@@ -265,41 +265,28 @@ def fresh_mounts(use_userns: bool) -> dict[str, bool]:
     /proc and a tmpfs on /dev/shm, tried in throwaway forks as a child does it. A container
     runtime's masked /proc paths make Linux refuse the first one to an unprivileged user
     (a new proc mount may not reveal what those mounts hide); no namespaces, neither."""
-    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        result = 0
+        found = 0  # what was mounted, as bits: the exit status of each fork
         try:
-            os.close(read)
             enter_namespaces(CLONE_NEWNS | CLONE_NEWPID, use_userns)
             inner = os.fork()  # a proc mount shows the PID namespace the caller is in
             if inner == 0:
-                found = 0
-                try:
-                    mount(None, "/", None, MS_REC | MS_PRIVATE)
-                    for bit, (source, target, fstype) in enumerate(
-                            (("proc", "/proc", "proc"), ("tmpfs", "/dev/shm", "tmpfs"))):
-                        try:
-                            mount(source, target, fstype, MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                            found |= 1 << bit
-                        except OSError:
-                            pass
-                finally:
-                    os._exit(found)
-            _, status = os.waitpid(inner, 0)
-            result = os.waitstatus_to_exitcode(status)
+                mount(None, "/", None, MS_REC | MS_PRIVATE)
+                for bit, (source, target, fstype) in enumerate(
+                        (("proc", "/proc", "proc"), ("tmpfs", "/dev/shm", "tmpfs"))):
+                    try:
+                        mount(source, target, fstype, MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                        found |= 1 << bit
+                    except OSError:
+                        pass
+            else:
+                found = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1])
         except BaseException:  # noqa: BLE001 - no namespaces: nothing can be mounted
-            result = 0
+            pass
         finally:
-            os.write(write, bytes([max(result, 0) & 3]))
-            os._exit(0)
-    os.close(write)
-    try:
-        answer = os.read(read, 1)
-    finally:
-        os.close(read)
-        os.waitpid(pid, 0)
-    bits = answer[0] if answer else 0
+            os._exit(max(found, 0) & 3)
+    bits = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return {"proc": bool(bits & 1), "dev_shm": bool(bits & 2)}
 
 

@@ -56,13 +56,7 @@ class ConnectBroker:
         self.listener = listener
         self.proxy_port = proxy_port  # what the child asks for
         self.connect_to = connect_to  # where this side's connections go: the proxy's listener
-        self.answered = {"proxied": 0, "refused": 0}
-        self._thread = threading.Thread(target=self._serve, name="sandbox-connect-broker",
-                                        daemon=True)
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        threading.Thread(target=self._serve, name="sandbox-connect-broker", daemon=True).start()
 
     def _serve(self) -> None:
         """Until the tree has ended (POLLHUP). Nothing a child sends may end this loop early:
@@ -127,11 +121,9 @@ class ConnectBroker:
                 self._refuse(notification, errno.EMFILE)
                 return
         seccomp.answer(self.listener, notification.id, value=0)
-        self.answered["proxied"] += 1
 
     def _refuse(self, notification: seccomp.Notification, code: int) -> None:
         seccomp.answer(self.listener, notification.id, error=code)
-        self.answered["refused"] += 1
 
 
 def _descriptor_flags(pid: int, fd: int) -> int | None:

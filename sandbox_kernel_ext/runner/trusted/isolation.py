@@ -144,16 +144,20 @@ def _named_ranges() -> list[tuple[int, int]]:
     """[start, end) ranges of the uids and gids the host's account files name: /etc/passwd,
     /etc/group and the subordinate ranges of /etc/subuid and /etc/subgid (handed to users'
     own namespaces)."""
+    def number(fields: list[str], index: int) -> int | None:
+        text = fields[index] if index < len(fields) else ""
+        return int(text) if text.isascii() and text.isdigit() else None
+
     ranges: list[tuple[int, int]] = []
-    for path, first, count in (("/etc/passwd", 2, None), ("/etc/group", 2, None),
-                               ("/etc/subuid", 1, 2), ("/etc/subgid", 1, 2)):
+    for path in ("/etc/passwd", "/etc/group"):  # name:password:ID:...
         for fields in _colon_lines(path):
-            numbers = [fields[i] for i in (first, count) if i is not None and i < len(fields)]
-            if len(numbers) != (1 if count is None else 2) or not all(
-                    n.isascii() and n.isdigit() for n in numbers):
-                continue
-            start = int(numbers[0])
-            ranges.append((start, start + (int(numbers[1]) if count is not None else 1)))
+            if (named := number(fields, 2)) is not None:
+                ranges.append((named, named + 1))
+    for path in ("/etc/subuid", "/etc/subgid"):  # name:first:count
+        for fields in _colon_lines(path):
+            first, count = number(fields, 1), number(fields, 2)
+            if first is not None and count is not None:
+                ranges.append((first, first + count))
     return ranges
 
 
@@ -198,7 +202,7 @@ def isolation_report() -> dict[str, Any]:
         "seccomp": linux and seccomp.supported_arch() is not None,
         "user_namespace": user_namespaces(),
         "pid_namespace": linux and (user_namespaces() or os.geteuid() == 0),
-        "network_namespace": linux and (user_namespaces() or os.geteuid() == 0),
+        "network_namespace": network_namespaces(),
         # Egress without a network namespace: every connect answered by the kernel's process.
         "connect_notification": connect_notification(),
         # Outside its writable roots the child sees the host read-only (no metadata changes).

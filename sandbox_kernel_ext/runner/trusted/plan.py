@@ -127,8 +127,14 @@ def hidden_paths(capability: CapabilityDeclaration, denied: tuple[str, ...],
     (`granted`: its own folders, never the top-level ones of "everywhere")."""
     if not hidden_by_mounts():
         return {}
-    return _by_folder((*etc_secrets(), *denied, *approval_roots(capability)[0]),
-                      frozenset(granted))
+    return _by_folder(guarded_paths(capability, denied), frozenset(granted))
+
+
+def guarded_paths(capability: CapabilityDeclaration, denied: tuple[str, ...]) -> tuple[str, ...]:
+    """What a child may not read inside its grants: /etc's secrets, the credential list (with
+    the sandboxes' homes and Jupyter's runtime folder, in `denied`) and the roots reads of
+    which a person approves. Hidden under mounts, or split around without them."""
+    return (*etc_secrets(), *denied, *approval_roots(capability)[0])
 
 
 @functools.lru_cache(maxsize=16)
@@ -519,8 +525,7 @@ def build_plan(
     homes = os.path.realpath(homes_folder())
     named = explicit_grants(capability)
     if not hidden_by_mounts():
-        readable = split_around_denied(
-            readable, (*denied, *approval_roots(capability)[0], *etc_secrets()), named)
+        readable = split_around_denied(readable, guarded_paths(capability, denied), named)
     hidden = hidden_paths(capability, denied, named)
     _refuse_stores_in_writable(writable, denied, named)
     for path in readable + writable:
