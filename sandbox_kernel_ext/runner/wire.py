@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "ChildPlan", "CONTROL_FD", "PAYLOAD_FD", "STATUS_FD", "MAX_MESSAGE", "MAX_FDS",
+    "ChildPlan", "CONTROL_FD", "PAYLOAD_FD", "STATUS_FD", "MAX_MESSAGE", "FDS_PER_MESSAGE",
     "MAX_VARIABLES_BYTES", "encode_value", "decode_value", "read_to_end", "send_message",
     "receive_message",
 ]
@@ -32,9 +32,12 @@ CONTROL_FD = 3  # a socket to the trusted side: JSON-line frames both ways, fds 
 PAYLOAD_FD = 4  # trusted side -> child: the cell and its pickled inputs (a memfd)
 STATUS_FD = 5  # child -> launcher: setup errors; closed (on exec) once the child runs
 
-# The launcher's messages: a plan with ~250 paths is ~20 KB; descriptors per message.
+# The launcher's messages: a plan with ~250 paths is ~20 KB. A message's descriptors (one
+# per owner-mapped folder, and a few of plumbing) travel in parts of at most FDS_PER_MESSAGE:
+# there is no cap on how many one message has.
 MAX_MESSAGE = 4 * 1024 * 1024
-MAX_FDS = 12
+FDS_PER_MESSAGE = 64
+_MORE_FDS = b"\0more descriptors"  # a part ahead of its message; never valid JSON
 
 # Output variables are parsed on the trusted side: 4 MiB of JSON can cost ~100x that as
 # Python objects in the worst case, so the cap stays small. Larger results belong in a file.
@@ -100,17 +103,36 @@ class ChildPlan:
 
 
 def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
-    """One launcher message and its descriptors (raises OSError when the other side is gone)."""
-    socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+    """One launcher message and its descriptors (raises OSError when the other side is gone).
+
+    Linux passes at most 253 descriptors in one message, and a policy may grant more folders
+    than that: the descriptors beyond `FDS_PER_MESSAGE` go ahead in messages of their own
+    (`_MORE_FDS`), which `receive_message` gathers. Callers already send one message at a
+    time on a socket (under a lock), so the parts of one are never interleaved with another's."""
+    fds = list(fds)
+    while len(fds) > FDS_PER_MESSAGE:
+        socket.send_fds(sock, [_MORE_FDS], fds[:FDS_PER_MESSAGE])
+        fds = fds[FDS_PER_MESSAGE:]
+    socket.send_fds(sock, [json.dumps(message).encode()], fds)
 
 
 def receive_message(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """One launcher message and its descriptors; (b"", []) once the other side is gone."""
-    try:
-        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-    except OSError:
-        return b"", []
-    return data, fds
+    """One launcher message and its descriptors, however many; (b"", []) once the other
+    side is gone, or when descriptors were lost on the way (a truncated message: none of
+    them is kept, so nothing runs with part of its folders)."""
+    gathered: list[int] = []
+    while True:
+        try:
+            data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, FDS_PER_MESSAGE)
+        except OSError:
+            data, fds, flags = b"", [], 0
+        gathered += fds
+        if not data or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+            for fd in gathered:
+                os.close(fd)
+            return b"", []
+        if data != _MORE_FDS:
+            return data, gathered
 
 
 def read_to_end(fd: int) -> bytes:

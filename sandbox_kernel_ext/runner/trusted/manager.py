@@ -10,9 +10,11 @@ or an interrupt. `start_session` starts a child that serves many cells (`session
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import pickle
+import resource
 import shutil
 import socket
 import stat
@@ -86,6 +88,16 @@ class _Sandbox:
     # (key, view) of the spare the launcher keeps prepared for its next run (`_prepare_next`)
     prepared: tuple[str, str] | None = None
 
+
+
+def raise_open_files_limit() -> bool:
+    """Lift this process's soft RLIMIT_NOFILE to its hard limit (a policy with hundreds of
+    root's folders holds a descriptor per folder while a run starts); False if it already was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return False
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return True
 
 class SandboxManager:
     """Create, run and destroy sandboxes whose children the operating system confines.
@@ -219,11 +231,23 @@ class SandboxManager:
         its namespace. A folder whose filesystem has no idmapped mounts gets none: its modes
         decide, which fails closed (a writable one was checked when the sandbox was made)."""
         trees: dict[str, int] = {}
-        for index, path in enumerate(plan.owner_mapped):
-            try:
-                trees[f"tree {index}"] = idmapped_tree(path, self._owner_map)
-            except OSError:
-                continue
+        try:
+            for index, path in enumerate(plan.owner_mapped):
+                try:
+                    trees[f"tree {index}"] = idmapped_tree(path, self._owner_map)
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                        continue
+                    if not raise_open_files_limit():
+                        raise SandboxError(
+                            f"too many open files to show {path} (and the policy's other "
+                            f"{len(plan.owner_mapped) - 1} folders of root's) to the sandbox: "
+                            "raise this process's RLIMIT_NOFILE (ulimit -n)") from None
+                    trees[f"tree {index}"] = idmapped_tree(path, self._owner_map)
+        except BaseException:
+            for fd in trees.values():
+                os.close(fd)
+            raise
         return trees
 
     def _check_writable(self, writable: list[str]) -> None:
