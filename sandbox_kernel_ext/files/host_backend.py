@@ -8,7 +8,6 @@ at worst make an operation fail, never reach outside the root.
 from __future__ import annotations
 
 import ctypes
-import functools
 import operator
 import errno
 import os
@@ -16,10 +15,11 @@ import secrets
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO, Literal
 
+from ..policy.paths import is_within
 from .backend import (
     CHECK_EVERY,
     EntryInfo,
@@ -58,6 +58,7 @@ _OPENAT2_NR = (
 )
 
 REASON_OUTSIDE = "a symlink leads outside the root"
+REASON_HIDDEN = "it is a credential store (or inside one) that no sandbox reads"
 REASON_NO_SYMLINKS = "symlinks are not allowed here"
 REASON_UNSAFE_SYMLINK = "a symlink loops or leads to something that cannot be followed safely"
 REASON_NO_OPENAT2 = "symlinks are not followed here (this system cannot resolve them safely)"
@@ -237,6 +238,15 @@ def _create_temp(dir_fd: int, name: str, replacing: os.stat_result | None) -> tu
     return temp_name, fd
 
 
+def _real_path(fd: int) -> str | None:
+    """Where an opened descriptor really is (None if this host cannot say)."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return real if real.startswith("/") and not real.endswith(" (deleted)") else None
+
+
 def _rel_text(rel: Rel) -> str:
     return "/".join(rel) or "."
 
@@ -259,9 +269,14 @@ class HostBackend(FileBackend):
 
     _root_fd = -1  # so __del__ is safe when __init__ failed
 
-    def __init__(self, root: str | os.PathLike[str] | int, *, deny_symlinks: bool = False) -> None:
-        """`root` is a folder's path, or a directory fd the backend takes ownership of."""
+    def __init__(self, root: str | os.PathLike[str] | int, *, deny_symlinks: bool = False,
+                 hidden: Iterable[str] = ()) -> None:
+        """`root` is a folder's path, or a directory fd the backend takes ownership of.
+        `hidden`: real host paths beneath the root that no operation reaches, however it is
+        spelled or linked to (`policy.credential_stores.never_read_inside`); they are left
+        out of listings, and the object each operation ends on is judged by its real path."""
         self.deny_symlinks = deny_symlinks
+        self.hidden = tuple(hidden)
         self._lock = threading.Lock()
         self._users = 0
         self._closed = False
@@ -319,9 +334,37 @@ class HostBackend(FileBackend):
         """An fd for `rel` (a final symlink followed only if allowed and in-root)."""
         root_fd = self._hold_root()
         try:
-            return self._resolve(root_fd, rel, flags)
+            fd = self._resolve(root_fd, rel, flags)
         finally:
             self._release_root()
+        if self.hidden:
+            try:
+                self._refuse_hidden(_real_path(fd))
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd
+
+    def _refuse_hidden(self, real: str | None) -> None:
+        """EscapeRefused when `real` (None: unknown) is or lies in a hidden path."""
+        if real is None or any(is_within(real, hidden) for hidden in self.hidden):
+            raise EscapeRefused(REASON_HIDDEN)
+
+    def _refuse_hidden_name(self, parent_fd: int, name: str) -> None:
+        """The same for a final name in an opened folder (never followed)."""
+        if self.hidden:
+            real = _real_path(parent_fd)
+            self._refuse_hidden(None if real is None else os.path.join(real, name))
+
+    def _visible(self, dir_fd: int, entries: list[tuple[str, EntryInfo]]) -> list[tuple[str, EntryInfo]]:
+        """A listing without the hidden entries."""
+        if not self.hidden:
+            return entries
+        real = _real_path(dir_fd)
+        if real is None:
+            return []
+        return [(name, info) for name, info in entries
+                if not any(is_within(os.path.join(real, name), hidden) for hidden in self.hidden)]
 
     def _resolve_openat2(self, root_fd: int, rel: Rel, flags: int) -> int:
         path = os.fsencode(_rel_text(rel))
@@ -394,6 +437,7 @@ class HostBackend(FileBackend):
                 self._release_root()
         try:
             with self._parent_dir(rel) as parent_fd:
+                self._refuse_hidden_name(parent_fd, rel[-1])
                 st = _lstat_at(parent_fd, rel[-1])
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -425,6 +469,7 @@ class HostBackend(FileBackend):
             raise IsADirectoryError(errno.EISDIR, "the root is a directory", ".")
         name = rel[-1]
         with self._parent_dir(rel, _DIR_READ, create=True) as parent_fd:
+            self._refuse_hidden_name(parent_fd, name)
             existing = _lstat_at(parent_fd, name)
             refuse_replacing(
                 None if existing is None else kind_of_mode(existing.st_mode), exclusive=exclusive, rel=rel
@@ -454,6 +499,7 @@ class HostBackend(FileBackend):
         if not rel:
             raise IsADirectoryError(errno.EISDIR, "the root is a directory", ".")
         with self._parent_dir(rel) as parent_fd:
+            self._refuse_hidden_name(parent_fd, rel[-1])
             os.unlink(rel[-1], dir_fd=parent_fd)  # EISDIR for a directory on Linux
 
     def rename(self, src: Rel, dst: Rel) -> None:
@@ -462,9 +508,11 @@ class HostBackend(FileBackend):
         if not src or not dst:
             raise OSError(errno.EBUSY, "cannot rename the root itself")
         with self._parent_dir(src) as src_fd:
+            self._refuse_hidden_name(src_fd, src[-1])
             if _lstat_at(src_fd, src[-1]) is None:  # before creating dst's folders
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), _rel_text(src))
             with self._parent_dir(dst, create=True) as dst_fd:
+                self._refuse_hidden_name(dst_fd, dst[-1])
                 _rename_noreplace(src_fd, src[-1], dst_fd, dst[-1])
 
     def scandir(
@@ -473,7 +521,7 @@ class HostBackend(FileBackend):
         validate_rel(rel)
         fd = self._open(rel, _DIR_READ)
         try:
-            return _list_dir(fd, check, detail)
+            return self._visible(fd, _list_dir(fd, check, detail))
         finally:
             os.close(fd)
 
@@ -487,7 +535,7 @@ class HostBackend(FileBackend):
         yield from walk_tree(
             rel,
             fd,
-            list_dir=functools.partial(_list_dir, check=check, detail=detail),
+            list_dir=lambda dir_fd: self._visible(dir_fd, _list_dir(dir_fd, check, detail)),
             open_child=_open_child_dir,
             release=os.close,
             check=check,
@@ -498,7 +546,7 @@ class HostBackend(FileBackend):
         through it cannot leave that folder, even by a symlink that stays in this root."""
         validate_rel(rel)
         fd = self._open(rel, _DIR_LOOKUP)
-        return HostBackend(fd, deny_symlinks=self.deny_symlinks)
+        return HostBackend(fd, deny_symlinks=self.deny_symlinks, hidden=self.hidden)
 
     def mkdirs(self, rel: Rel) -> None:
         validate_rel(rel)

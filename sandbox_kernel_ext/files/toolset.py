@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from ..approval.broker import ApprovalBroker
 from ..approval.request import ApprovalRequest
 from ..approval.responders import printable
+from ..policy.credential_stores import never_read_inside
 from ..policy.errors import (
     ConfigurationError,
     EditError,
@@ -194,9 +195,9 @@ class FileSystemToolset:
                     backend = StoreBackend()
                 else:
                     try:
-                        backend = HostBackend(
-                            self._sandbox.host_root(vp), deny_symlinks=self.limits.deny_symlinks
-                        )
+                        root = os.path.realpath(self._sandbox.host_root(vp))
+                        backend = HostBackend(root, deny_symlinks=self.limits.deny_symlinks,
+                                              hidden=never_read_inside(root))
                     except OSError:
                         raise PathNotFoundError(str(vp.at(())), "is a root whose folder is missing or not a folder") from None
                 self._backends[key] = backend

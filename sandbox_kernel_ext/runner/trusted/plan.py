@@ -16,11 +16,11 @@ import os
 import select
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
 
+from ...policy.credential_stores import etc_secret_paths, never_read, sandbox_homes_folder
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within
@@ -61,22 +61,13 @@ def runtime_read_set() -> tuple[str, ...]:
 
 
 def homes_folder() -> str:
-    """Where sandboxes' private homes live: one folder per trusted-side uid, denied to every
-    sandbox's "read everywhere" (a sandbox reaches only its own home, by its own rule)."""
-    return os.path.join(tempfile.gettempdir(), f"sandbox_kernel_ext-{os.geteuid()}")
+    """Where sandboxes' private homes live (`credential_stores.sandbox_homes_folder`)."""
+    return sandbox_homes_folder()
 
 
 def denied_reads() -> list[str]:
-    """The credential deny list, every sandbox's home, and this machine's Jupyter runtime
-    folder (its connection files hold the keys that let anyone run code in the Jupyter kernel)."""
-    denied = [*host_reads.credential_paths(), os.path.realpath(homes_folder())]
-    try:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        denied.append(os.path.realpath(jupyter_runtime_dir()))
-    except Exception:  # jupyter_core is optional for the runner
-        pass
-    return denied
+    """What no sandbox reads, however a policy grants around it (`credential_stores.never_read`)."""
+    return never_read()
 
 
 def withheld_from_everywhere() -> list[str]:
@@ -88,7 +79,7 @@ def withheld_from_everywhere() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def etc_secrets() -> tuple[str, ...]:
     """What a child hides in /etc when /etc is one rule (walked once, as the runtime set is)."""
-    return tuple(host_reads.etc_secret_paths())
+    return tuple(etc_secret_paths())
 
 
 @functools.lru_cache(maxsize=4)
@@ -327,11 +318,21 @@ def _closed_root_folder_above(path: str) -> str | None:
 
 
 def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
+    """Each policy path resolved once. One that leads through a symlink into a credential
+    store (`data/settings -> ~/.ssh/config`) is refused: only a store the policy names
+    itself is granted."""
     out = []
     for path in paths:
-        full = os.path.realpath(os.path.join(base, os.path.expanduser(path)))
+        spelled = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+        full = os.path.realpath(spelled)
         if not os.path.exists(full):
             raise SandboxError(f"{what} {path!r} does not exist (resolved to {full})")
+        if full != spelled:
+            store = next((bad for bad in never_read() if is_within(full, bad)), None)
+            if store is not None:
+                raise SandboxError(
+                    f"{what} {path!r} leads through a symlink to {full}, inside {store}, "
+                    "which no sandbox reads; grant the store by its own name if that is meant")
         out.append(full)
     return out
 
