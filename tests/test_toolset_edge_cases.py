@@ -169,3 +169,17 @@ def test_filesystem_tool_accepts_paths_through_a_symlinked_directory_and_speaks_
     assert "/d0" not in str(info.value) and str(real) in str(info.value)
     with pytest.raises(ToolError, match="not valid Unicode"):
         asyncio.run(tool.execute(action="write", path=str(real / "s.txt"), content="\ud800"))
+
+
+def test_a_path_is_taken_as_written_spaces_included(tmp_path) -> None:
+    """`read("data/notes.md ")` once returned `notes.md` (the path was stripped), and a
+    write of `new.md ` created `new.md`."""
+    from sandbox_kernel_ext import FileSystemToolset
+
+    (tmp_path / "notes.md").write_text("plain\n")
+    (tmp_path / "notes.md ").write_text("spaced\n")
+    with FileSystemToolset.create_default(tmp_path) as tools:
+        assert tools.read("/data/notes.md ").content == "spaced\n"
+        assert tools.read("/data/notes.md").content == "plain\n"
+        tools.write("/data/new.md ", "x")
+    assert (tmp_path / "new.md ").read_text() == "x" and not (tmp_path / "new.md").exists()

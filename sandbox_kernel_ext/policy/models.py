@@ -180,6 +180,7 @@ class CapabilityDeclaration(_Model):
     file_limits: FileLimits = Field(default_factory=FileLimits)
 
     _base_path: Path | None = PrivateAttr(default=None)
+    _source_file: Path | None = PrivateAttr(default=None)
     _names = field_validator("paths")(check_root_names)
 
     @model_validator(mode="after")
@@ -192,6 +193,12 @@ class CapabilityDeclaration(_Model):
     def base_path(self) -> Path:
         """Where relative roots resolve: the policy file's folder, else the cwd."""
         return self._base_path or Path.cwd()
+
+    @property
+    def source_file(self) -> Path | None:
+        """The file this policy was read from (`CapabilityParser.from_file`), if any: it stays
+        read-only inside the sandbox's writable folders."""
+        return self._source_file
 
     def sandbox_config(self) -> SandboxConfig | None:
         """The filesystem-sandbox config this policy describes, or None when it has no path table."""

@@ -12,6 +12,7 @@ safe_load silently keeps the last of two duplicate keys.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,7 @@ class CapabilityParser:
             ) from None
         declaration = CapabilityParser.from_string(text, source=source)
         declaration._base_path = base_path
+        declaration._source_file = Path(os.path.realpath(policy_path))
         return declaration
 
     @staticmethod

@@ -155,7 +155,7 @@ class Sandbox:
         except UnicodeEncodeError:
             shown = path.encode("utf-8", "backslashreplace").decode("ascii", "replace")
             raise PathNotInSandboxError(shown, "it is not valid Unicode text", *self._allowed()) from None
-        parts = [p for p in path.strip().split("/") if p not in ("", ".")]
+        parts = [p for p in path.split("/") if p not in ("", ".")]
         if ".." in parts:
             raise PathNotInSandboxError(
                 path, "'..' is not allowed; write the path from its root instead", *self._allowed()

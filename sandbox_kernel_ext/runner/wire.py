@@ -70,6 +70,10 @@ class ChildPlan:
     # Folders root owns that the plan grants (or that hold a grant), shown to a root kernel's
     # unprivileged child as its own through idmapped mounts (each a "tree N" descriptor).
     owner_mapped: list[str] = field(default_factory=list)
+    # Paths inside the writable ones that stay read-only (`trusted/write_protected.py`): with
+    # mounts, each bound read-only and the folders above it inside its writable root made
+    # mounts too (a mount cannot be renamed away); without, already left out of write_paths.
+    protected_paths: list[str] = field(default_factory=list)
     # What the view above was made from, beyond these fields: the host's mount table and the
     # folders the hidden paths were looked for in, as they were (an opaque digest). A child
     # prepared ahead with the same `view()` has a view still true for this run.
@@ -89,7 +93,7 @@ class ChildPlan:
         one comparable string; the rest of a plan (command, environment, folder, rlimits,
         identity checks aside) is the run's own."""
         return json.dumps([self.read_paths, self.write_paths, self.hidden_paths,
-                           self.owner_mapped, self.uid, self.gid, self.proxy_port,
+                           self.owner_mapped, self.protected_paths, self.uid, self.gid, self.proxy_port,
                            self.view_stamp, self.private_proc, self.private_shm],
                           sort_keys=True)
 

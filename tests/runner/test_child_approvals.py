@@ -480,3 +480,27 @@ def test_an_answer_an_interrupt_abandoned_never_answers_a_later_request(gated, p
         thread.join(timeout=60)
         assert box and "refused:" in box[0].stdout, box[0].stdout + box[0].stderr
         assert "the secret" not in box[0].stdout
+
+
+@pytest.mark.parametrize("spelling", ["//{}", "/.{}", "{}/../data/odd.csv", "///{}"])
+def test_every_spelling_of_a_gated_path_asks(gated, person, roots, spelling: str) -> None:
+    """`//srv/...` once was not recognised as gated (a bare EACCES, no question): Linux
+    reads any run of slashes as one, and so must the gate."""
+    target = str(roots / "data" / "odd.csv")
+    spelled = spelling.format(target) if "{}/" not in spelling else spelling.format(str(roots / "data"))
+    person.answer("data/odd.csv", Decision.allow_once)
+    result = gated.run_python(sid := gated.create_sandbox(_policy(roots)),
+                              f"open({spelled!r}, 'w').write('x')\nprint('written')")
+    assert result.stdout == "written\n", (sid, result.stderr)
+    assert (roots / "data" / "odd.csv").read_text() == "x"
+
+
+def test_a_trailing_space_names_another_file(gated, person, roots) -> None:
+    """Virtual and gated paths are taken as written: `notes.md ` is not `notes.md`."""
+    (roots / "data" / "notes.md").write_text("plain\n")
+    person.answer("data/notes.md ", Decision.allow_once)
+    result = gated.run_python(gated.create_sandbox(_policy(roots)),
+                              f"open({str(roots / 'data' / 'notes.md ')!r}, 'w').write('spaced')")
+    assert result.exit_code == 0, result.stderr
+    assert (roots / "data" / "notes.md").read_text() == "plain\n"
+    assert (roots / "data" / "notes.md ").read_text() == "spaced"

@@ -52,6 +52,7 @@ from ..linux.namespaces import (
     enter_namespaces,
     mount,
     set_mount_readonly,
+    set_mount_readonly_at,
     unshare,
 )
 from ..linux.syscalls import prctl, process_name, set_process_name
@@ -352,6 +353,13 @@ class _LinkFreeWalk:
             return None
         return fd
 
+    def forget(self, folder: str) -> None:
+        """Drop the kept descriptors of `folder` and below (a mount was put on it)."""
+        for kept in [kept for kept in self.folders if is_within(kept, folder)]:
+            fd = self.folders.pop(kept)
+            if fd is not None:
+                os.close(fd)
+
     def close(self) -> None:
         for fd in self.folders.values():
             if fd is not None:
@@ -472,6 +480,54 @@ def view_host_read_only(write_paths: list[str]) -> None:
         set_mount_readonly(path, False, recursive=False)
 
 
+def protect_paths(protected: list[str], write_paths: list[str]) -> None:
+    """Make each protected path inside a writable folder read-only, reached without a
+    symlink (one planted there since the plan was made protects nothing and is skipped:
+    what it points at is not the path). The folders between its writable root and it are
+    bound on themselves first, so none can be renamed away with the protected path in it
+    (a mount point cannot be renamed or removed); then the path itself, read-only. A
+    writable path the policy names inside a protected one stays writable."""
+    roots = [root for root in write_paths if os.path.isdir(root)]
+    anchors: set[str] = set()
+    for path in protected:
+        root = max((r for r in roots if is_within(path, r) and r != path), key=len, default=None)
+        folder = os.path.dirname(path)
+        while root is not None and folder != root and is_within(folder, root):
+            anchors.add(folder)
+            folder = os.path.dirname(folder)
+    walk = _LinkFreeWalk()
+    try:
+        for folder in sorted(anchors, key=lambda p: (p.count("/"), p)):
+            _bind_on_itself(walk, folder, readonly=False)
+        for path in protected:
+            _bind_on_itself(walk, path, readonly=True)
+    finally:
+        walk.close()
+    for path in write_paths:
+        if any(is_within(path, outer) and path != outer for outer in protected) \
+                and os.path.lexists(path):
+            set_mount_readonly(path, False, recursive=False)
+
+
+def _bind_on_itself(walk: _LinkFreeWalk, path: str, *, readonly: bool) -> None:
+    target = walk.open(path)
+    if target is None:
+        return
+    try:
+        mount(f"/proc/self/fd/{target}", f"/proc/self/fd/{target}", None, MS_BIND | MS_REC)
+    finally:
+        os.close(target)
+    walk.forget(path)
+    if readonly:
+        mounted = walk.open(path)  # the new mount, not the one beneath it
+        if mounted is None:
+            raise OSError(errno.EBUSY, f"{path} changed while it was made read-only")
+        try:
+            set_mount_readonly_at(mounted, True, recursive=True)
+        finally:
+            os.close(mounted)
+
+
 # The parts of a fresh /proc that write to the kernel itself rather than to the child's own
 # processes: sysctls (under a root kernel the child is root, whom their file modes let write),
 # SysRq, IRQ affinity, bus and filesystem settings. Landlock grants nothing under /proc for
@@ -548,6 +604,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
             os.close(tree)
         devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
+        protect_paths(plan.protected_paths, plan.write_paths)
     # Asked for only where the kernel found them possible (`isolation.private_mounts`): one
     # that fails now is a layer the report claims and the run would lack, so it stops the run.
     if plan.private_proc:

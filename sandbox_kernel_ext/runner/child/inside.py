@@ -210,13 +210,14 @@ def _path_text(file: Any) -> str | None:
     if isinstance(file, int) or not isinstance(file, (str, bytes, os.PathLike)):
         return None
     path = os.fsdecode(os.fspath(file))
-    if os.path.isabs(path):
-        return os.path.normpath(path)
-    try:
-        cwd = os.getcwd()
-    except OSError:  # a working folder past PATH_MAX: the open goes to the kernel's rules alone
-        return None
-    return os.path.normpath(os.path.join(cwd, path))
+    if not os.path.isabs(path):
+        try:
+            path = os.path.join(os.getcwd(), path)
+        except OSError:  # a working folder past PATH_MAX: the kernel's rules alone decide
+            return None
+    # normpath keeps exactly two leading slashes (POSIX leaves `//` to the system), which
+    # Linux reads as one: `//srv/gated.md` is `/srv/gated.md`
+    return "/" + os.path.normpath(path).lstrip("/")
 
 
 def _mode_flags(mode: str) -> int:

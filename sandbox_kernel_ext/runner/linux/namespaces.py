@@ -15,7 +15,7 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "bind_mount", "set_mount_readonly", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
+    "bind_mount", "set_mount_readonly", "set_mount_readonly_at", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
     "attach_tree", "mapping_user_namespace",
     "drop_identity",
     "enter_namespaces", "fresh_mounts", "userns_usable",
@@ -93,6 +93,15 @@ def set_mount_readonly(path: str, readonly: bool, *, recursive: bool) -> None:
     checked(lib.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD),
                         path.encode(), ctypes.c_uint(AT_RECURSIVE if recursive else 0),
                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))))
+
+
+def set_mount_readonly_at(fd: int, readonly: bool, *, recursive: bool) -> None:
+    """`set_mount_readonly` for the mount a descriptor (O_PATH) is on."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else MOUNT_ATTR_RDONLY,
+                      0, 0)
+    _syscall(SYS_MOUNT_SETATTR, ctypes.c_int(fd), b"",
+             ctypes.c_uint(AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)),
+             ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
 
 
 def _syscall(number: int, *args: object) -> int:

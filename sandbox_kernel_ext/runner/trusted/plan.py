@@ -26,6 +26,7 @@ from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within
 from ..wire import ChildPlan
 from . import host_reads
+from .write_protected import write_protected_paths
 from .isolation import network_namespaces, private_mounts, read_only_view_available
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "PROXY_PORT"]
@@ -545,6 +546,14 @@ def build_plan(
         child_env = {**SESSION_ENV, **child_env}
     folders = [path for path in writable if os.path.isdir(path)]  # a writable file is no cwd
     workdir = os.path.realpath(cwd) if cwd else (folders[0] if folders else home)
+    named_writable = [path for path in named if path in writable]
+    protected = write_protected_paths(writable, kernel_workdirs(), _policy_file(capability),
+                                      named_writable)
+    if protected and not hidden_by_mounts():
+        # Landlock only allows: a writable folder holding a protected path becomes rules for
+        # its other entries (its own top level, and each folder on the way, read-only)
+        readable += writable
+        writable = split_around_denied(writable, protected, named_writable)
     write_paths = [home, *writable, *host_reads.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
     _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
@@ -560,8 +569,8 @@ def build_plan(
         write_paths.append("/dev/shm")
     write_paths = list(dict.fromkeys(write_paths))
     # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
-    versions: list[object] = [_identity(path)
-                              for path in (*read_paths, *write_paths, *owner_mapped)]
+    versions: list[object] = [_identity(path) for path
+                              in (*read_paths, *write_paths, *owner_mapped, *protected)]
     present = present_hidden(hidden, versions)  # adds the hidden folders' and entries'
     return ChildPlan(
         kind=kind,
@@ -577,11 +586,26 @@ def build_plan(
         hidden_paths=present,
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
+        protected_paths=protected if hidden_by_mounts() else [],
         private_proc=mounts["proc"],
         private_shm=mounts["dev_shm"],
         # where the proxy cannot listen in a namespace of the child's own
         connect_by_notification=proxy_port is not None and not network_namespaces(),
     )
+
+
+def kernel_workdirs() -> list[str]:
+    """Where a kernel or Python started by the person would import from first: this
+    process's working directory (a restarted kernel starts there again)."""
+    try:
+        return [os.path.realpath(os.getcwd())]
+    except OSError:
+        return []
+
+
+def _policy_file(capability: CapabilityDeclaration) -> str | None:
+    source = capability.source_file
+    return None if source is None else str(source)
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -1,0 +1,163 @@
+"""What stays read-only inside a sandbox's writable folders: the policy that confines it, and
+what programs outside any sandbox run on their own.
+
+A cell that may write the notebook's folder could otherwise rewrite its own policy, or plant
+code that an unconfined process runs later: a shell reading its rc file, git running a hook,
+Python reading a `.pth` file, a kernel starting in that folder (`python -m` imports from the
+working directory first), Jupyter loading a config file from it, a person running a notebook.
+Each such path that exists when a run starts is made read-only for the run (a read-only
+mount, or without mounts Landlock rules that leave it out), and cannot be renamed away.
+A policy that names one of these paths itself in `writable_paths` (or as an `rw` root) opts
+in to writing it.
+
+What this cannot stop: a file of such a name that does not exist yet being created inside a
+writable folder (neither Landlock nor mounts can refuse one name and allow the rest). The
+policy reference says so, with the way to keep a folder free of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import site
+import sys
+from collections.abc import Iterable
+
+from ...policy.credential_stores import home_folders
+from ...policy.paths import is_within
+
+__all__ = ["write_protected_paths", "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
+
+# Beneath a home folder: what a login, a shell, an editor or git runs or reads commands from.
+HOME_STARTUP_PATHS = (
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".bash_aliases", ".profile",
+    ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".kshrc",
+    ".mkshrc", ".config/fish", ".xprofile", ".xinitrc", ".xsession", ".xsessionrc",
+    ".pam_environment", ".config/autostart", ".config/systemd", ".config/environment.d",
+    ".gitconfig", ".config/git", ".vimrc", ".vim", ".config/nvim", ".emacs", ".emacs.d",
+    ".config/Code/User", ".local/bin", ".local/lib", ".pythonstartup", ".pdbrc", ".direnvrc",
+    ".config/direnv",
+)
+# Beneath each writable folder and the kernel's working directory: a repository (whole, as
+# Codex keeps it: hooks, config with its fsmonitor and filters, submodules' own), per-folder tool settings that run commands, Jupyter and IPython config files
+# (Jupyter reads them from the working directory too).
+FOLDER_STARTUP_PATHS = (
+    ".git", ".envrc", ".vscode", ".idea", ".pre-commit-config.yaml",
+    "jupyter_server_config.py", "jupyter_notebook_config.py", "jupyter_lab_config.py",
+    "jupyter_config.py", "ipython_config.py", "ipython_kernel_config.py",
+    "sitecustomize.py", "usercustomize.py",
+)
+# In the kernel's working directory: what `import NAME` finds there before anything else.
+_IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd", ".ipynb")
+
+
+def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
+                          policy_file: str | None, named: Iterable[str]) -> list[str]:
+    """Real paths inside the `writable` folders that a run may not change: the policy file,
+    the startup files of homes inside them, each folder's startup files above, the Python
+    and Jupyter folders this kernel reads at start, and in each of `workdirs` (where a kernel
+    starts) every importable name and notebook. Only what exists now and is reached without
+    a symlink; none that the policy `named` itself; outermost first."""
+    writable = [path for path in dict.fromkeys(writable) if os.path.isdir(path)]
+    if not writable:
+        return []
+    candidates: list[str] = []
+    if policy_file:
+        candidates.append(os.path.realpath(policy_file))
+    for home in home_folders():
+        if any(is_within(home, root) for root in writable):
+                candidates += [os.path.join(home, name) for name in HOME_STARTUP_PATHS]
+    folders = [*writable, *(w for w in workdirs if any(is_within(w, root) for root in writable))]
+    for folder in dict.fromkeys(folders):
+        candidates += [os.path.join(folder, name) for name in FOLDER_STARTUP_PATHS]
+        candidates += _environments_in(folder)
+    site_folders, import_folders = _python_and_jupyter_folders(tuple(sys.path))
+    candidates += site_folders
+    import_folders = [*workdirs, *import_folders]
+    for folder in dict.fromkeys([*import_folders, *writable]):
+        if any(is_within(folder, root) for root in writable):
+            candidates += _importable_in(folder, notebooks_only=folder not in import_folders)
+    named = set(named)
+    inside = [path for path in dict.fromkeys(candidates)
+              if path not in named and any(is_within(path, root) and path != root
+                                           for root in writable)
+              and _reached_without_links(path)]
+    kept: list[str] = []
+    for path in sorted(inside, key=lambda p: (p.count("/"), p)):
+        if not any(is_within(path, outer) for outer in kept):
+            kept.append(path)
+    return kept
+
+
+def _environments_in(folder: str) -> list[str]:
+    """The `lib/python3*` folders of a virtual environment that is `folder` or directly in
+    it (`.venv`, `env`): its `.pth` files and modules run when anyone uses it."""
+    found = []
+    for parent in [folder, *_subfolders(folder)]:
+        found += [path for path in _subfolders(os.path.join(parent, "lib"))
+                  if os.path.basename(path).startswith("python3")]
+    return found
+
+
+def _subfolders(folder: str) -> list[str]:
+    try:
+        return [entry.path for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _importable_in(folder: str, *, notebooks_only: bool = False) -> list[str]:
+    """Modules, packages, `.pth` files and notebooks directly in `folder` (only notebooks,
+    in a writable folder no Python imports from)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if entry.name.endswith(".ipynb" if notebooks_only else _IMPORTABLE_SUFFIXES):
+            found.append(entry.path)
+        elif not notebooks_only and entry.is_dir(follow_symlinks=False) and (
+                os.path.lexists(os.path.join(entry.path, "__init__.py"))
+                or entry.name == "__pycache__"):
+            found.append(entry.path)
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def _python_and_jupyter_folders(path: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(folders read whole at start: site-packages with their `.pth` files, Jupyter's config
+    and data folders with their kernel specs; folders Python imports from by name: the rest
+    of this kernel's `sys.path`)."""
+    whole: list[str] = []
+    try:
+        whole += site.getsitepackages()
+        whole.append(site.getusersitepackages())
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    by_name = []
+    for entry in sys.path:
+        if entry and os.path.isabs(entry):
+            (whole if os.path.basename(entry) in ("site-packages", "dist-packages")
+             else by_name).append(entry)
+    for name in ("IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "PYTHONSTARTUP"):
+        if os.environ.get(name):
+            whole.append(os.environ[name])
+    try:
+        from jupyter_core.paths import jupyter_config_path, jupyter_path
+
+        whole += [*jupyter_config_path(), *jupyter_path()]
+    except Exception:  # jupyter_core is optional for the runner
+        pass
+    return _real_folders(whole), _real_folders(by_name)
+
+
+def _real_folders(paths: list[str]) -> list[str]:
+    return list(dict.fromkeys(os.path.realpath(path) for path in paths))
+
+
+def _reached_without_links(path: str) -> bool:
+    """Whether `path` exists and no component of it is a symlink (what the child can bind)."""
+    if not os.path.lexists(path):
+        return False
+    return os.path.realpath(path) == os.path.normpath(path)

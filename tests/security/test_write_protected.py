@@ -1,0 +1,225 @@
+"""What the trusted side runs or reads stays read-only inside a sandbox's writable folders.
+
+The natural layout of a project puts `policy.yaml` beside the notebook with `writable_paths:
+[.]`: a cell once rewrote its own policy to grant more, and the next cell planted a `.pth`
+file that an unconfined Python ran as root. Each path of the built-in list is planted here
+inside a writable project that is also the kernel's working directory, and a cell tries to
+change, replace, delete or rename it away; the host's copy is checked afterwards, beside a
+control file in the same folder that the same cell does change.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_kernel_ext import CapabilityParser, SandboxError, SandboxManager
+from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+# Without a mount namespace Landlock leaves the protected paths out of the write rules, which
+# also leaves the folders on the way to them without a rule of their own: nothing new can be
+# made at a protected path's folder then (the policy reference says so).
+NEW_AT_TOP = hidden_by_mounts()
+
+ORIGINAL = "original\n"
+# Relative to the project: each must stay as it was.
+PLANTED = (
+    "policy.yaml",
+    "helper.py",  # a module the kernel imports from its working directory
+    "pkg/__init__.py",  # a package there
+    "analysis.ipynb",
+    "jupyter_server_config.py",
+    ".git/config",
+    ".git/hooks/pre-commit",
+    ".venv/lib/python3.11/site-packages/extra.pth",
+    ".vscode/settings.json",
+    ".envrc",
+    "home/.bashrc",
+)
+# New files inside protected folders: each must not appear.
+NEW_INSIDE = (
+    ".git/hooks/post-checkout",
+    ".venv/lib/python3.11/site-packages/evil.pth",
+    "pkg/evil.py",
+)
+
+
+@pytest.fixture
+def project(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A project folder with everything above planted, world-writable (so a root kernel's
+    unprivileged child may write it by its modes), and the kernel's working directory."""
+    top = Path(tempfile.mkdtemp(prefix="sbxprot-"))
+    root = top / "project"
+    for name in PLANTED:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(ORIGINAL)
+    policy = "filesystem_config:\n  mode: read_write\n  writable_paths: [.]\n  readable_paths: []\n"
+    (root / "policy.yaml").write_text(policy)
+    (root / "notes.txt").write_text(ORIGINAL)  # the control
+    (root / "conf").mkdir()
+    subprocess.run(["chmod", "-R", "a+rwX", str(top)], check=True)
+    monkeypatch.chdir(root)
+    # a home inside the project: its startup files are on the list too
+    monkeypatch.setattr("sandbox_kernel_ext.runner.trusted.write_protected.home_folders",
+                        lambda: [str(root / "home")])
+    try:
+        yield root
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+ATTACK = r"""
+import os, sys
+root = ROOT
+outcome = {}
+def attempt(label, action):
+    try:
+        action()
+        outcome[label] = 'done'
+    except OSError as exc:
+        outcome[label] = type(exc).__name__
+for name in PLANTED:
+    path = os.path.join(root, name)
+    attempt('write ' + name, lambda: open(path, 'a').write('planted\n'))
+    attempt('truncate ' + name, lambda: os.truncate(path, 0))
+    def replace():
+        with open(path + '.new', 'w') as out:
+            out.write('planted\n')
+        os.replace(path + '.new', path)
+    attempt('replace ' + name, replace)
+    attempt('unlink ' + name, lambda: os.unlink(path))
+    attempt('rename ' + name, lambda: os.rename(path, path + '.moved'))
+    attempt('chmod ' + name, lambda: os.chmod(path, 0o777))
+for name in NEW_INSIDE:
+    attempt('create ' + name, lambda: open(os.path.join(root, name), 'w').write('planted\n'))
+for folder in ('.git', '.venv', '.venv/lib', 'pkg', 'home'):
+    attempt('rename folder ' + folder,
+            lambda: os.rename(os.path.join(root, folder), os.path.join(root, 'moved-' + folder.replace('/', '_'))))
+attempt('control', lambda: open(os.path.join(root, 'notes.txt'), 'a').write('changed\n'))
+attempt('control new', lambda: open(os.path.join(root, 'made.txt'), 'w').write('new\n'))
+print(outcome)
+"""
+
+
+def _attack_code(root: Path) -> str:
+    return f"ROOT = {str(root)!r}\nPLANTED = {PLANTED!r}\nNEW_INSIDE = {NEW_INSIDE!r}\n" + ATTACK
+
+
+def _check_host(root: Path) -> None:
+    assert (root / "notes.txt").read_text() == ORIGINAL + "changed\n"  # the control did run
+    assert (root / "made.txt").exists() is NEW_AT_TOP
+    for name in PLANTED:
+        if name == "policy.yaml":
+            assert "writable_paths: [.]" in (root / name).read_text()
+            assert "planted" not in (root / name).read_text()
+        else:
+            assert (root / name).read_text() == ORIGINAL, name
+    for name in NEW_INSIDE:
+        assert not (root / name).exists(), name
+    assert not [path for path in root.rglob("*") if path.name.startswith("moved")]
+    assert not [path for path in root.rglob("*.moved")]
+
+
+@pytest.mark.parametrize("interface", ["execute", "run_python", "session"])
+def test_a_cell_cannot_change_what_the_trusted_side_runs(project: Path, interface: str) -> None:
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    code = _attack_code(project)
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        if interface == "execute":
+            result = manager.execute(sid, [sys.executable, "-c", code])
+        elif interface == "run_python":
+            result = manager.run_python(sid, code)
+        else:
+            session = manager.start_session(sid)
+            try:
+                result = session.run_cell(code)
+            finally:
+                session.close()
+    assert result.exit_code == 0, result
+    _check_host(project)
+
+
+def test_the_policy_cannot_be_replaced_by_renaming_its_folder(project: Path) -> None:
+    """The policy in a subfolder: renaming the subfolder away and making a new one with a
+    new policy in it would swap the file the magics read again."""
+    (project / "conf" / "policy.yaml").write_text((project / "policy.yaml").read_text()
+                                                 .replace("[.]", "[..]"))
+    os.chmod(project / "conf" / "policy.yaml", 0o666)
+    policy = CapabilityParser.from_file(project / "conf" / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, f"""
+import os
+root = {str(project)!r}
+try:
+    os.rename(os.path.join(root, 'conf'), os.path.join(root, 'old-conf'))
+    os.mkdir(os.path.join(root, 'conf'))
+    open(os.path.join(root, 'conf', 'policy.yaml'), 'w').write('filesystem_config: {{mode: read_only}}')
+    print('swapped')
+except OSError as exc:
+    print('refused', type(exc).__name__)
+""")
+    assert "refused" in result.stdout, result
+    assert "[..]" in (project / "conf" / "policy.yaml").read_text()
+
+
+def test_naming_a_protected_path_opts_in(project: Path) -> None:
+    """`.git` named in writable_paths: the cell may commit there."""
+    policy = CapabilityParser.from_string(
+        f"filesystem_config:\n  mode: read_write\n  writable_paths: [{project}, {project / '.git'}]\n")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, f"open({str(project / '.git' / 'config')!r}, 'a')"
+                                         ".write('[core]\\n')")
+    assert result.exit_code == 0, result
+    assert (project / ".git" / "config").read_text() == ORIGINAL + "[core]\n"
+    assert (project / ".git" / "hooks" / "pre-commit").read_text() == ORIGINAL
+
+
+def test_a_link_planted_at_a_protected_name_protects_nothing_else(project: Path) -> None:
+    """A protected name that is a symlink is skipped (what it points at is not the path);
+    the run still starts."""
+    (project / ".envrc").unlink()
+    os.symlink(project / "notes.txt", project / ".envrc")
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, f"open({str(project / 'notes.txt')!r}, 'a').write('x')")
+    assert result.exit_code == 0, result
+
+
+def test_a_session_made_before_a_file_appeared_protects_it_at_its_next_start(project: Path) -> None:
+    """What is protected is looked for at each run's start: a module made by the person
+    after the sandbox was created is protected from the next run on."""
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        assert manager.run_python(sid, "pass").exit_code == 0
+        (project / "late.py").write_text(ORIGINAL)
+        os.chmod(project / "late.py", 0o666)
+        result = manager.run_python(sid, f"""
+try:
+    open({str(project / 'late.py')!r}, 'a').write('planted')
+    print('written')
+except OSError as exc:
+    print('refused', type(exc).__name__)
+""")
+    assert "refused" in result.stdout, result
+    assert (project / "late.py").read_text() == ORIGINAL
+
+
+def test_a_missing_path_is_refused_by_name_not_silently(project: Path) -> None:
+    """The policy file's own writable grant still has to exist (a clear error otherwise)."""
+    policy = CapabilityParser.from_string(
+        "filesystem_config:\n  mode: read_write\n  writable_paths: [/nonexistent/sbx]\n")
+    with SandboxManager() as manager, pytest.raises(SandboxError, match="/nonexistent/sbx"):
+        manager.create_sandbox(policy)
