@@ -96,6 +96,12 @@ def __getattr__(name: str) -> object:
     globals()[name] = toolset_class
     return toolset_class
 
+
+def __dir__() -> list[str]:
+    """The module's names with the lazy one, so code that imports every public name by
+    iterating `dir()` finds `FileSystemToolset` too."""
+    return sorted({*globals(), *__all__})
+
 __all__ = [
     "ApprovalBroker", "ApprovalDecision", "ApprovalDeniedError", "ApprovalRecord",
     "ApprovalRequest", "ApprovalResponder", "CallbackResponder", "CapabilityDeclaration",

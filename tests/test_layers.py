@@ -107,3 +107,18 @@ def test_the_check_sees_relative_and_lazy_imports() -> None:
     assert _side_imports(RUNNER / "child" / "cell.py") == {"wire", "child"}
     assert "launcher" not in _side_imports(RUNNER / "trusted" / "launcher_client.py")
     assert _side_of(("sandbox_kernel_ext", "runner", "trusted", "plan")) == "trusted"
+
+
+def test_every_public_name_is_listed_by_dir() -> None:
+    """Code that imports every public name by iterating dir() once missed the lazy
+    FileSystemToolset."""
+    import subprocess
+    import sys
+
+    code = ("import sandbox_kernel_ext as m\n"
+            "names = [n for n in dir(m) if not n.startswith('_')]\n"
+            "assert 'FileSystemToolset' in names, names\n"
+            "assert set(m.__all__) <= set(names), set(m.__all__) - set(names)\n"
+            "[getattr(m, n) for n in m.__all__]\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

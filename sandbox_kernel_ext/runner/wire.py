@@ -74,6 +74,9 @@ class ChildPlan:
     # mounts, each bound read-only and the folders above it inside its writable root made
     # mounts too (a mount cannot be renamed away); without, already left out of write_paths.
     protected_paths: list[str] = field(default_factory=list)
+    # "Read everywhere" lists / itself too: a Landlock rule to list every folder (names
+    # only), given where whatever may not be read is hidden under mounts and /proc is private.
+    list_everywhere: bool = False
     # What the view above was made from, beyond these fields: the host's mount table and the
     # folders the hidden paths were looked for in, as they were (an opaque digest). A child
     # prepared ahead with the same `view()` has a view still true for this run.
@@ -93,7 +96,7 @@ class ChildPlan:
         one comparable string; the rest of a plan (command, environment, folder, rlimits,
         identity checks aside) is the run's own."""
         return json.dumps([self.read_paths, self.write_paths, self.hidden_paths,
-                           self.owner_mapped, self.protected_paths, self.uid, self.gid, self.proxy_port,
+                           self.owner_mapped, self.protected_paths, self.list_everywhere, self.uid, self.gid, self.proxy_port,
                            self.view_stamp, self.private_proc, self.private_shm],
                           sort_keys=True)
 

@@ -112,3 +112,88 @@ def test_hundreds_of_folders_of_several_owners_all_work(many_folders, interface:
     assert "BAD 0 []" in result.stdout, (result.stdout, result.stderr)
     _check_written(writable, mark)
 
+
+
+@pytest.mark.parametrize("readable", [["/tmp"], ["/"], None], ids=["tmp", "root", "everywhere"])
+def test_a_grant_over_the_sandboxes_homes_still_runs(readable: list[str] | None) -> None:
+    """`readable_paths: [/tmp]` (the folder that holds every sandbox's home) once made every
+    run fail on the sandbox's own home; "read everywhere" could not list `/`. Each sandbox
+    sees its own home and no other's."""
+    with SandboxManager() as manager:
+        other = manager.create_sandbox(CapabilityDeclaration())
+        manager.run_python(other, "open('mine.txt', 'w').write('other')")
+        sid = manager.create_sandbox(CapabilityDeclaration.model_validate(
+            {"filesystem_config": {"mode": "read_only", "readable_paths": readable}}))
+        result = manager.run_python(sid, """
+import os
+home = os.environ['HOME']
+open(os.path.join(home, 'x'), 'w').write('1')
+print('homes', os.listdir(os.path.dirname(home)))
+print('tmp', len(os.listdir('/tmp')) > 0)
+try:
+    print('root', sorted(os.listdir('/'))[:2] != [])
+except OSError as exc:
+    print('root', type(exc).__name__)
+""")
+        other_home = manager._get(other).home
+        mine = manager._get(sid).home
+    assert result.exit_code == 0, result
+    assert f"homes {[os.path.basename(mine)]}" in result.stdout, result.stdout
+    assert os.path.basename(other_home) not in result.stdout
+    assert "tmp True" in result.stdout
+    expected = "root PermissionError" if readable == ["/tmp"] else "root True"
+    if readable != ["/tmp"] and not _lists_everywhere():
+        expected = "root PermissionError"  # no private /proc or no mounts: said in the docs
+    assert expected in result.stdout, result.stdout
+
+
+def _lists_everywhere() -> bool:
+    from sandbox_kernel_ext.runner.trusted.isolation import private_mounts
+    from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
+
+    return bool(private_mounts()["proc"] and hidden_by_mounts())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root kernel's folders, another user's files")
+def test_another_users_files_in_a_root_folder_keep_their_modes(tmp_path: Path) -> None:
+    """The common container volume: a root-owned writable folder holding uid 1000's files.
+    Their modes decide, as on the host: 0666 is writable, and the folder's entries can be
+    removed (once: EACCES on create and append, EOVERFLOW on delete)."""
+    top = Path(tempfile.mkdtemp(prefix="sbx-volume-"))
+    try:
+        os.chmod(top, 0o755)
+        volume = top / "volume"
+        volume.mkdir(mode=0o755)
+        for name, mode in (("open.txt", 0o666), ("private.txt", 0o600), ("gone.txt", 0o644)):
+            (volume / name).write_text("theirs\n")
+            os.chown(volume / name, OTHER_UID, OTHER_UID)
+            os.chmod(volume / name, mode)
+        (volume / "theirs").mkdir(mode=0o777)
+        os.chown(volume / "theirs", OTHER_UID, OTHER_UID)
+        os.chmod(volume / "theirs", 0o777)
+        with SandboxManager() as manager:
+            sid = manager.create_sandbox(_policy([], [volume], False))
+            result = manager.run_python(sid, f"""
+import os
+v = {str(volume)!r}
+def attempt(label, action):
+    try:
+        action()
+        print(label, 'ok')
+    except OSError as exc:
+        print(label, type(exc).__name__)
+attempt('append-open', lambda: open(os.path.join(v, 'open.txt'), 'a').write('mine\\n'))
+attempt('read-private', lambda: open(os.path.join(v, 'private.txt')).read())
+attempt('delete', lambda: os.unlink(os.path.join(v, 'gone.txt')))
+attempt('create-in-theirs', lambda: open(os.path.join(v, 'theirs', 'new.txt'), 'w').write('x'))
+attempt('create', lambda: open(os.path.join(v, 'new.txt'), 'w').write('x'))
+""")
+        assert result.exit_code == 0, result
+        for line in ("append-open ok", "read-private PermissionError", "delete ok",
+                     "create-in-theirs ok", "create ok"):
+            assert line in result.stdout, result.stdout
+        assert (volume / "open.txt").read_text() == "theirs\nmine\n"
+        assert not (volume / "gone.txt").exists()
+        assert (volume / "new.txt").stat().st_uid == 0  # what it makes in root's folder is root's
+    finally:
+        subprocess.run(["rm", "-rf", str(top)], check=False)

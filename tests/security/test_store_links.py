@@ -193,3 +193,29 @@ def test_a_link_inside_a_toolset_root_does_not_reach_a_store(home_and_project) -
         with pytest.raises(Exception):
             tools.write("/h/cloud/config", "[default]\n")
     assert not (home / ".aws" / "config").exists()
+
+
+@pytest.mark.parametrize("mode", ["read_only", "read_write"])
+def test_a_write_to_a_hidden_file_fails_loudly(home_and_project, mode: str) -> None:
+    """A hidden credential file once accepted writes and discarded them (its cover was
+    /dev/null, which a child may write), even in read_only mode."""
+    home, project = home_and_project
+    (home / ".netrc").write_text(SECRET)
+    os.chmod(home / ".netrc", 0o666)
+    writable = [str(project)] if mode == "read_write" else []
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_policy(None, writable))
+        result = manager.run_python(sid, f"""
+for path in ({str(home / '.netrc')!r}, {str(home / '.ssh' / 'config')!r}):
+    try:
+        print(repr(open(path).read()))
+        with open(path, 'a') as out:
+            out.write('machine evil login x password y\\n')
+        print('written')
+    except OSError as exc:
+        print('refused', type(exc).__name__)
+""")
+    assert result.exit_code == 0, result
+    assert SECRET not in result.stdout and "written" not in result.stdout, result.stdout
+    assert result.stdout.count("refused") == 2, result.stdout
+    assert (home / ".netrc").read_text() == SECRET

@@ -46,6 +46,7 @@ from ..linux.namespaces import (
     PR_SET_DUMPABLE,
     attach_tree,
     bind_mount,
+    detached_tmpfs,
     drop_bounding_set,
     drop_capabilities,
     drop_identity,
@@ -142,6 +143,8 @@ def rules_for(plan: ChildPlan) -> landlock.LandlockRuleset | None:
         rules.allow_read(path)
     for path in outermost(plan.write_paths, writable):
         rules.allow_write(path)
+    if plan.list_everywhere:
+        rules.allow_list("/")
     if plan.proxy_port is not None:
         rules.allow_tcp_connect(plan.proxy_port)  # the proxy is the one TCP port it may reach
     rules.scope_signals().scope_abstract_unix()
@@ -379,6 +382,8 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> set[int]:
     covered: list[str] = []
     devices: set[int] = set()
     empty: int | None = None  # the shared empty tmpfs
+    empty_file: int | None = None
+    empty_mount: int | None = None
     try:
         for path in sorted(os.path.join(folder, name)
                            for folder, names in hidden.items() for name in names):
@@ -389,7 +394,10 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> set[int]:
                 continue
             try:
                 if not stat.S_ISDIR(os.fstat(target).st_mode):
-                    mount("/dev/null", f"/proc/self/fd/{target}", None, MS_BIND)
+                    if empty_file is None:
+                        empty_file, empty_mount = _empty_file()
+                        devices.add(os.fstat(empty_file).st_dev)
+                    mount(f"/proc/self/fd/{empty_file}", f"/proc/self/fd/{target}", None, MS_BIND)
                     continue
                 covered.append(path)
                 inside = [p for p in granted
@@ -409,9 +417,28 @@ def hide_paths(hidden: dict[str, list[str]], granted: list[str]) -> set[int]:
                 os.close(target)
     finally:
         walk.close()
-        if empty is not None:
-            os.close(empty)
+        for fd in (empty, empty_file, empty_mount):
+            if fd is not None:
+                os.close(fd)
     return devices
+
+
+def _empty_file() -> tuple[int, int | None]:
+    """An empty file of its own that covers a hidden file, and the tmpfs that holds it
+    (mounted nowhere: kept open until every cover is bound, or it is gone): no Landlock
+    rule names it and the read-only view holds for it, so a write fails loudly, where one
+    to /dev/null (which a rule must let a child write) would vanish. Where this Linux has
+    no fsopen (before 5.2), /dev/null."""
+    try:
+        mounted = detached_tmpfs()
+    except OSError:
+        return os.open("/dev/null", os.O_PATH | os.O_CLOEXEC), None
+    try:
+        return os.open("empty", os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, 0o444,
+                       dir_fd=mounted), mounted
+    except BaseException:
+        os.close(mounted)
+        raise
 
 
 def covers_hold(hidden: dict[str, list[str]], devices: set[int]) -> bool:
@@ -433,7 +460,8 @@ def covers_hold(hidden: dict[str, list[str]], devices: set[int]) -> bool:
                     continue  # covers nothing, and nothing needs covering there
                 if stat.S_ISCHR(info.st_mode) and info.st_rdev == null:
                     continue
-                if not (stat.S_ISDIR(info.st_mode) and info.st_dev in devices):
+                if not ((stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode))
+                        and info.st_dev in devices):
                     return False
         return True
     finally:

@@ -174,6 +174,7 @@ class LandlockRuleset:
         self.abi = kernel_abi if abi is None else max(0, min(abi, kernel_abi))
         self._read_paths: list[str] = []
         self._write_paths: list[str] = []
+        self._list_paths: list[str] = []
         self._tcp_connect_ports: list[int] = []
         self._tcp_bind_ports: list[int] = []
         self._scoped = 0
@@ -214,6 +215,11 @@ class LandlockRuleset:
     def allow_read(self, path: str | os.PathLike[str]) -> LandlockRuleset:
         """Read files, list directories and execute programs beneath ``path``."""
         self._read_paths.append(os.fspath(path))
+        return self
+
+    def allow_list(self, path: str | os.PathLike[str]) -> LandlockRuleset:
+        """List directories beneath ``path`` (names only: no file is read through this)."""
+        self._list_paths.append(os.fspath(path))
         return self
 
     def allow_write(self, path: str | os.PathLike[str]) -> LandlockRuleset:
@@ -266,6 +272,8 @@ class LandlockRuleset:
                 self._add_path_rule(ruleset_fd, path, FS_READ_RIGHTS & handled)
             for path in self._write_paths:
                 self._add_path_rule(ruleset_fd, path, FS_WRITE_RIGHTS & handled)
+            for path in self._list_paths:
+                self._add_path_rule(ruleset_fd, path, ACCESS_FS_READ_DIR & handled)
             if self.abi >= NET_ABI:
                 for port in self._tcp_connect_ports:
                     self._add_port_rule(ruleset_fd, port, ACCESS_NET_CONNECT_TCP)

@@ -15,7 +15,7 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "bind_mount", "set_mount_readonly", "set_mount_readonly_at", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
+    "bind_mount", "detached_tmpfs", "set_mount_readonly", "set_mount_readonly_at", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
     "attach_tree", "mapping_user_namespace",
     "drop_identity",
     "enter_namespaces", "fresh_mounts", "userns_usable",
@@ -43,6 +43,7 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOUNT_ATTR_IDMAP = 0x100000
 AT_EMPTY_PATH = 0x1000
 MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
 AT_RECURSIVE = 0x8000
 AT_FDCWD = -100
 PR_SET_DUMPABLE = 4
@@ -104,6 +105,25 @@ def set_mount_readonly_at(fd: int, readonly: bool, *, recursive: bool) -> None:
              ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
 
 
+SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 430, 431, 432  # Linux 5.2, every architecture
+FSOPEN_CLOEXEC = FSMOUNT_CLOEXEC = 1
+FSCONFIG_CMD_CREATE = 6
+MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC = 0x4, 0x8
+
+
+def detached_tmpfs() -> int:
+    """A descriptor of a new small tmpfs mounted nowhere (nosuid, nodev, noexec): files made
+    in it can be bound onto paths, and no path names the tmpfs itself."""
+    fs = _syscall(SYS_FSOPEN, b"tmpfs", ctypes.c_uint(FSOPEN_CLOEXEC))
+    try:
+        _syscall(SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_CMD_CREATE), None, None,
+                 ctypes.c_int(0))
+        return _syscall(SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
+                        ctypes.c_uint(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC))
+    finally:
+        os.close(fs)
+
+
 def _syscall(number: int, *args: object) -> int:
     lib = libc()
     if lib is None:
@@ -120,7 +140,9 @@ def idmapped_tree(path: str, userns_fd: int) -> int:
     tree = _syscall(SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), path.encode(),
                     ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE))
     try:
-        attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
+        # nosuid besides no_new_privs: other users keep their ids through the map, so a
+        # set-user-ID file of theirs must never run as them
+        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID, 0, 0, userns_fd)
         _syscall(SYS_MOUNT_SETATTR, ctypes.c_int(tree), b"",
                  ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
                  ctypes.c_size_t(ctypes.sizeof(attr)))
@@ -137,9 +159,12 @@ def attach_tree(tree: int, path: str) -> None:
 
 
 def mapping_user_namespace(inside: int, outside: int) -> int:
-    """A descriptor of a new user namespace whose id `inside` is `outside` on the host (and
-    nothing else mapped): the mapping an idmapped mount applies. Made in a throwaway fork;
-    the caller needs CAP_SETUID and CAP_SETGID (root)."""
+    """A descriptor of a new user namespace whose id `inside` is `outside` on the host and
+    every other id itself (but `outside`, which has no id of its own there): the mapping an
+    idmapped mount applies. Other users' files then keep their owners, so their modes
+    decide as on the host (a 0666 file of uid 1000 stays writable; an unmapped owner would
+    make every change EOVERFLOW). Made in a throwaway fork; the caller needs CAP_SETUID and
+    CAP_SETGID (root)."""
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     done_r, done_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -157,14 +182,30 @@ def mapping_user_namespace(inside: int, outside: int) -> int:
     try:
         if os.read(ready_r, 1) != b"1":
             raise OSError(errno.EPERM, "could not make a user namespace for an idmapped mount")
-        _write(f"/proc/{pid}/uid_map", f"{inside} {outside} 1")
+        mapping = _everyone_else_as_themselves(inside, outside)
+        _write(f"/proc/{pid}/uid_map", mapping)
         _write(f"/proc/{pid}/setgroups", "deny")
-        _write(f"/proc/{pid}/gid_map", f"{inside} {outside} 1")
+        _write(f"/proc/{pid}/gid_map", mapping)
         return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(ready_r)
         os.close(done_w)
         os.waitpid(pid, 0)
+
+
+_LAST_ID = 4294967294  # (uid_t)-1 is no id
+
+
+def _everyone_else_as_themselves(inside: int, outside: int) -> str:
+    """uid_map lines: `inside` as `outside`, the ids neither of them is as themselves."""
+    lines = [(inside, outside, 1)]
+    taken = sorted({inside, outside})
+    start = 0
+    for end in [*taken, _LAST_ID + 1]:
+        if end > start:
+            lines.append((start, start, end - start))
+        start = end + 1
+    return "".join(f"{a} {b} {n}\n" for a, b, n in lines)
 
 
 def mount_setattr_available() -> bool:

@@ -15,6 +15,7 @@ import math
 import os
 import select
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -289,10 +290,15 @@ def owner_mapped_paths(granted: Iterable[str], reached: Iterable[str]) -> list[s
     granted = list(granted)
     for path in granted:
         try:
-            if os.stat(path).st_uid == 0:
-                mapped.append(path)
+            info = os.stat(path)
         except OSError:
             continue
+        # A shared folder like /tmp (sticky, anyone may write) needs no map, and must not
+        # get one: root's private files there would turn the child's, and the child's own
+        # files there (its home) nobody's
+        shared = info.st_mode & stat.S_ISVTX and info.st_mode & 0o002
+        if info.st_uid == 0 and not shared:
+            mapped.append(path)
     for path in [*granted, *reached]:
         blocker = _closed_root_folder_above(path)
         if blocker is not None:
@@ -587,11 +593,24 @@ def build_plan(
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
         protected_paths=protected if hidden_by_mounts() else [],
+        list_everywhere=(mounts["proc"] and hidden_by_mounts()
+                         and _reads_everywhere(capability)),
         private_proc=mounts["proc"],
         private_shm=mounts["dev_shm"],
         # where the proxy cannot listen in a namespace of the child's own
         connect_by_notification=proxy_port is not None and not network_namespaces(),
     )
+
+
+def _reads_everywhere(capability: CapabilityDeclaration) -> bool:
+    """`readable_paths: null`, or `/` among them (the test `filesystem_grants` makes)."""
+    config = capability.filesystem_config
+    if config.mode is FilesystemMode.none:
+        return False
+    base = str(capability.base_path)
+    return config.readable_paths is None or any(
+        os.path.realpath(os.path.join(base, os.path.expanduser(path))) == "/"
+        for path in config.readable_paths)
 
 
 def kernel_workdirs() -> list[str]:
