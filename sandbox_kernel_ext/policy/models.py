@@ -181,6 +181,7 @@ class CapabilityDeclaration(_Model):
 
     _base_path: Path | None = PrivateAttr(default=None)
     _source_file: Path | None = PrivateAttr(default=None)
+    _paths_resolved: bool = PrivateAttr(default=False)
     _names = field_validator("paths")(check_root_names)
 
     @model_validator(mode="after")
@@ -199,6 +200,12 @@ class CapabilityDeclaration(_Model):
         """The file this policy was read from (`CapabilityParser.from_file`), if any: it stays
         read-only inside the sandbox's writable folders."""
         return self._source_file
+
+    @property
+    def paths_resolved(self) -> bool:
+        """Whether every path here was resolved and checked already (a cell's narrowing):
+        one that resolves anywhere else when the sandbox is made is refused, not followed."""
+        return self._paths_resolved
 
     def sandbox_config(self) -> SandboxConfig | None:
         """The filesystem-sandbox config this policy describes, or None when it has no path table."""

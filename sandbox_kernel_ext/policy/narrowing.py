@@ -98,7 +98,14 @@ def narrow(
             ceiling.network_egress_rules, narrowing.allow_net)
     if narrowing.allow_read or narrowing.allow_write:
         update.update(_narrow_paths(ceiling, narrowing, denied, cwd or os.getcwd()))
-    return ceiling.model_copy(update=update) if update else ceiling
+    if not update:
+        return ceiling
+    narrowed = ceiling.model_copy(update=update)
+    if narrowing.allow_read or narrowing.allow_write:
+        # checked here as real paths: the sandbox must get these, not what they point at
+        # by the time it is made (a folder swapped for a symlink in between)
+        narrowed._paths_resolved = True
+    return narrowed
 
 
 # -- network ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager
+from sandbox_kernel_ext import CapabilityDeclaration, SandboxError, SandboxManager
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -54,7 +54,8 @@ def many_folders() -> Iterator[tuple[Path, list[Path], list[Path]]]:
 
 def _policy(readable: list[Path], writable: list[Path], egress: bool) -> CapabilityDeclaration:
     return CapabilityDeclaration.model_validate({
-        "filesystem_config": {"mode": "read_write", "writable_paths": [str(p) for p in writable],
+        "filesystem_config": {"mode": "read_write" if writable else "read_only",
+                              "writable_paths": [str(p) for p in writable],
                               "readable_paths": [str(p) for p in readable]},
         "network_egress_rules": [{"domain": "example.com"}] if egress else [],
     })
@@ -195,5 +196,47 @@ attempt('create', lambda: open(os.path.join(v, 'new.txt'), 'w').write('x'))
         assert (volume / "open.txt").read_text() == "theirs\nmine\n"
         assert not (volume / "gone.txt").exists()
         assert (volume / "new.txt").stat().st_uid == 0  # what it makes in root's folder is root's
+    finally:
+        subprocess.run(["rm", "-rf", str(top)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root kernel's folders")
+def test_a_readable_grant_spelled_through_a_link_is_shown_as_named() -> None:
+    """`current -> private` (root's, 0700): the folder named directly worked, the same
+    folder through the link got no owner mapping (EACCES)."""
+    top = Path(tempfile.mkdtemp(prefix="sbx-link-grant-"))
+    try:
+        os.chmod(top, 0o755)
+        private = top / "private"
+        private.mkdir(mode=0o700)
+        (private / "data.csv").write_text("a,b\n")
+        os.chmod(private / "data.csv", 0o600)
+        os.symlink(private, top / "current")
+        with SandboxManager() as manager:
+            for spelled in (private, top / "current"):
+                sid = manager.create_sandbox(_policy([spelled], [], False))
+                result = manager.execute(sid, ["cat", str(spelled / "data.csv")])
+                assert result.stdout == "a,b\n", (spelled, result)
+    finally:
+        subprocess.run(["rm", "-rf", str(top)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root kernel's child and another user's folder")
+def test_a_grant_behind_another_users_closed_folder_is_refused_by_name() -> None:
+    """Root's folder inside uid 1000's 0700 home: accepted, then every run failed with a
+    bare `confine: PermissionError`, even a `cat` of an unrelated granted file."""
+    top = Path(tempfile.mkdtemp(prefix="sbx-closed-"))
+    try:
+        os.chmod(top, 0o755)
+        theirs = top / "alice"
+        (theirs / "shared").mkdir(parents=True)
+        os.chown(theirs, OTHER_UID, OTHER_UID)
+        os.chmod(theirs, 0o700)
+        with SandboxManager() as manager:
+            with pytest.raises(SandboxError, match=r"alice .*closed to it.*chmod o\+x"):
+                manager.create_sandbox(_policy([theirs / "shared"], [], False))
+            os.chmod(theirs, 0o711)  # the way forward the message names
+            sid = manager.create_sandbox(_policy([theirs / "shared"], [], False))
+            assert manager.execute(sid, ["ls", str(theirs / "shared")]).exit_code == 0
     finally:
         subprocess.run(["rm", "-rf", str(top)], check=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 
 from .syscalls import checked, libc, prctl
 
@@ -40,6 +41,7 @@ SYS_MOUNT_SETATTR = 442
 SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
 MOUNT_ATTR_IDMAP = 0x100000
 AT_EMPTY_PATH = 0x1000
 MOUNT_ATTR_RDONLY = 0x1
@@ -137,8 +139,15 @@ def idmapped_tree(path: str, userns_fd: int) -> int:
     and what uid N creates is stored as root's. Needs real root (CAP_SYS_ADMIN
     where the filesystem was mounted) and a filesystem that supports it (ext4, xfs, btrfs,
     tmpfs from 6.3, ...). `attach_tree` puts it in place, in another mount namespace too."""
-    tree = _syscall(SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), path.encode(),
-                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE))
+    # The folder as the plan resolved it, never through a symlink planted since: a tree of
+    # whatever a link points at would show its owner's files as the child's
+    where = open_without_links(path)
+    try:
+        tree = _syscall(SYS_OPEN_TREE, ctypes.c_int(where), b"",
+                        ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
+                                      | AT_EMPTY_PATH))
+    finally:
+        os.close(where)
     try:
         # nosuid besides no_new_privs: other users keep their ids through the map, so a
         # set-user-ID file of theirs must never run as them
@@ -153,9 +162,31 @@ def idmapped_tree(path: str, userns_fd: int) -> int:
 
 
 def attach_tree(tree: int, path: str) -> None:
-    """Mount a detached tree (`idmapped_tree`) on `path`."""
-    _syscall(SYS_MOVE_MOUNT, ctypes.c_int(tree), b"", ctypes.c_int(AT_FDCWD), path.encode(),
-             ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH))
+    """Mount a detached tree (`idmapped_tree`) on `path`, reached without a symlink (ELOOP
+    otherwise: a link planted there since the plan was made gets no tree)."""
+    where = open_without_links(path)
+    try:
+        _syscall(SYS_MOVE_MOUNT, ctypes.c_int(tree), b"", ctypes.c_int(where), b"",
+                 ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
+    finally:
+        os.close(where)
+
+
+def open_without_links(path: str) -> int:
+    """An O_PATH descriptor of the absolute `path`, opened one component at a time without
+    following a symlink anywhere (OSError ELOOP if one is met)."""
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for part in [part for part in path.split("/") if part]:
+            step = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = step
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, f"{path} goes through a symlink")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def mapping_user_namespace(inside: int, outside: int) -> int:

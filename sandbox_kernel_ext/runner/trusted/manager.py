@@ -32,6 +32,7 @@ from ...approval.broker import ApprovalBroker
 from ...policy.egress import EgressFilter, RateLimiter
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
+from ...policy.paths import is_within
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
 from ..wire import ChildPlan
 from .connect_broker import ConnectBroker
@@ -54,6 +55,8 @@ from .plan import (
     denied_reads,
     filesystem_grants,
     homes_folder,
+    owner_mapped_paths,
+    policy_grants,
 )
 from .plumbing import OutputCallback, OutputStream, Plumbing, memfd, pump
 from .session import IdleWatch, PythonSession
@@ -170,6 +173,7 @@ class SandboxManager:
         build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied,
                    pinned=grants)  # the rest of the policy's checks, before anything is made
         self._check_writable(grants[1])
+        self._check_reachable(policy_grants(*grants))
         network_note = None
         if capability.network_egress_rules and not egress_possible():
             network_note = (
@@ -265,6 +269,29 @@ class SandboxManager:
                     f"capability, so file permissions hold for it); chown it to "
                     f"{self.child_uid} or make it world-writable"
                 )
+
+    def _check_reachable(self, granted: list[str]) -> None:
+        """As root the child is another uid, which must be able to enter every folder on
+        the way to a grant: say which one closes it off now, not as a failed run later.
+        Root's folders that the owner map shows it as its own do not close it off."""
+        if self.child_uid in (None, 0):
+            return
+        mapped = owner_mapped_paths(granted, ()) if self._owner_map is not None else []
+        for path in granted:
+            parts = [part for part in path.split("/") if part]
+            folder = "/"
+            for part in parts if os.path.isdir(path) else parts[:-1]:
+                folder = os.path.join(folder, part)
+                if any(is_within(folder, tree) for tree in mapped):
+                    continue
+                info = os.stat(folder)
+                if info.st_uid != self.child_uid and not info.st_mode & 0o001:
+                    raise SandboxError(
+                        f"policy path {path} cannot be reached by uid {self.child_uid}, the "
+                        "uid sandboxed children run as when this process runs as root: "
+                        f"{folder} (owner uid {info.st_uid}, mode "
+                        f"{stat.S_IMODE(info.st_mode):04o}) is closed to it. Grant a folder "
+                        f"outside it, or let others enter it (chmod o+x {folder})")
 
     def _get(self, sandbox_id: str) -> _Sandbox:
         with self._lock:

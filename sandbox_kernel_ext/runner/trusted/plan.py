@@ -281,6 +281,13 @@ def explicit_grants(capability: CapabilityDeclaration) -> list[str]:
     return named
 
 
+def policy_grants(readable: list[str], writable: list[str]) -> list[str]:
+    """The real paths the policy grants by naming them (however spelled), without the
+    top-level folders "read everywhere" stands for."""
+    everywhere = set(_everywhere_read_set())
+    return [*writable, *(path for path in readable if path not in everywhere and path != "/")]
+
+
 def owner_mapped_paths(granted: Iterable[str], reached: Iterable[str]) -> list[str]:
     """What a root kernel's unprivileged child sees through the owner map (root's files as
     its own): each `granted` folder root owns, and the first folder of root's on the way to
@@ -324,16 +331,21 @@ def _closed_root_folder_above(path: str) -> str | None:
     return None
 
 
-def _real_paths(paths: list[str], base: str, what: str) -> list[str]:
+def _real_paths(paths: list[str], base: str, what: str, resolved: bool = False) -> list[str]:
     """Each policy path resolved once. One that leads through a symlink into a credential
     store (`data/settings -> ~/.ssh/config`) is refused: only a store the policy names
-    itself is granted."""
+    itself is granted. `resolved`: the paths were resolved and checked already (a cell's
+    narrowing), so one that resolves anywhere else now is refused."""
     out = []
     for path in paths:
         spelled = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
         full = os.path.realpath(spelled)
         if not os.path.exists(full):
             raise SandboxError(f"{what} {path!r} does not exist (resolved to {full})")
+        if resolved and full != spelled:
+            raise SandboxError(
+                f"{what} {spelled} was checked as a real path and now resolves to {full}: "
+                "was a folder replaced by a symlink? Refusing to run")
         if full != spelled:
             store = next((bad for bad in never_read() if is_within(full, bad)), None)
             if store is not None:
@@ -367,9 +379,11 @@ def filesystem_grants(capability: CapabilityDeclaration) -> tuple[list[str], lis
                     "filesystem_config.mode is read_write but writable_paths is empty: aumai-sandbox "
                     "reads that as 'write everywhere', which the runner refuses; list the folders"
                 )
-            writable += _real_paths(config.writable_paths, base, "writable path")
+            writable += _real_paths(config.writable_paths, base, "writable path",
+                                    capability.paths_resolved)
         if config.readable_paths is not None:
-            readable += _real_paths(config.readable_paths, base, "readable path")
+            readable += _real_paths(config.readable_paths, base, "readable path",
+                                    capability.paths_resolved)
     # "/" named as a readable path is "everywhere": /proc, /sys and /dev only in part
     everywhere = config.mode is not FilesystemMode.none and (
         config.readable_paths is None or "/" in readable)
@@ -382,12 +396,14 @@ def filesystem_grants(capability: CapabilityDeclaration) -> tuple[list[str], lis
                     "read_approval, write_approval or mode ro")
     if table is not None:
         if table.root is not None:
-            root = _real_paths([str(table.root.root)], base, "root")[0]
+            root = _real_paths([str(table.root.root)], base, "root",
+                              capability.paths_resolved)[0]
             (readable if table.root.readonly else writable).append(root)
         for name, entry in (table.paths or {}).items():
             if entry.read_approval:
                 continue
-            root = _real_paths([entry.root], base, f"paths.{name}.root")[0]
+            root = _real_paths([entry.root], base, f"paths.{name}.root",
+                               capability.paths_resolved)[0]
             if entry.mode == "rw" and not entry.write_approval:
                 writable.append(root)
             else:
@@ -406,7 +422,8 @@ def approval_roots(capability: CapabilityDeclaration) -> tuple[list[str], list[s
         return ask_to_read, ask_to_write
     base = str(capability.base_path)
     for name, entry in (table.paths or {}).items():
-        root = _real_paths([entry.root], base, f"paths.{name}.root")[0]
+        root = _real_paths([entry.root], base, f"paths.{name}.root",
+                           capability.paths_resolved)[0]
         if entry.read_approval:
             ask_to_read.append(root)
         if entry.read_approval or entry.write_approval or entry.mode != "rw":
@@ -532,6 +549,7 @@ def build_plan(
         )
     homes = os.path.realpath(homes_folder())
     named = explicit_grants(capability)
+    granted = policy_grants(readable, writable)
     if not hidden_by_mounts():
         readable = split_around_denied(readable, guarded_paths(capability, denied), named)
     hidden = hidden_paths(capability, denied, named)
@@ -566,8 +584,7 @@ def build_plan(
                     "the interpreter's or system folder", "read_approval")
     if not any(is_within(workdir, path) for path in [*read_paths, *write_paths]):
         raise SandboxError(f"working directory {workdir} is not readable under this policy")
-    owner_mapped = (owner_mapped_paths([*writable, *(p for p in named if p != "/")],
-                                       runtime_read_set()) if owner_mapping else [])
+    owner_mapped = owner_mapped_paths(granted, runtime_read_set()) if owner_mapping else []
     mounts = private_mounts()
     if not mounts["dev_shm"] and writable and os.path.isdir("/dev/shm"):
         # multiprocessing's semaphores, for a policy that may write at all: the host's /dev/shm,
