@@ -508,6 +508,20 @@ def view_host_read_only(write_paths: list[str]) -> None:
         set_mount_readonly(path, False, recursive=False)
 
 
+def _writable_trees(trees: list[str], write_paths: list[str]) -> None:
+    """Root's folders shown through the owner map are mounts of their own, which the
+    read-only view leaves read-only: inside a writable folder, one (a readable grant there,
+    or a closed folder on the way) is as writable as the folder holding it. A tree copied
+    from a read-only mount of the host stays read-only (Linux keeps that flag locked)."""
+    for path in trees:
+        if any(is_within(path, root) for root in write_paths):
+            try:
+                set_mount_readonly(path, False, recursive=False)
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOSYS):
+                    raise
+
+
 def protect_paths(protected: list[str], write_paths: list[str]) -> None:
     """Make each protected path inside a writable folder read-only, reached without a
     symlink (one planted there since the plan was made protects nothing and is skipped:
@@ -632,6 +646,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
             os.close(tree)
         devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
+        _writable_trees([path for path, _ in trees], plan.write_paths)
         protect_paths(plan.protected_paths, plan.write_paths)
     # Asked for only where the kernel found them possible (`isolation.private_mounts`): one
     # that fails now is a layer the report claims and the run would lack, so it stops the run.

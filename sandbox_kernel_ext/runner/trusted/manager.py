@@ -282,9 +282,9 @@ class SandboxManager:
             folder = "/"
             for part in parts if os.path.isdir(path) else parts[:-1]:
                 folder = os.path.join(folder, part)
-                if any(is_within(folder, tree) for tree in mapped):
-                    continue
                 info = os.stat(folder)
+                if info.st_uid == 0 and any(is_within(folder, tree) for tree in mapped):
+                    continue  # root's, shown as the child's own; others keep their owners
                 if info.st_uid != self.child_uid and not info.st_mode & 0o001:
                     raise SandboxError(
                         f"policy path {path} cannot be reached by uid {self.child_uid}, the "
