@@ -370,7 +370,9 @@ class SandboxMagics(Magics):
         value = proposal["value"]
         if not value:
             return ""
-        path = os.path.abspath(os.path.expanduser(value))
+        # The file itself, not a link to it: a link inside a folder a sandbox may write
+        # could be pointed elsewhere, and the policy is read again when its file changes
+        path = os.path.realpath(os.path.expanduser(value))
         try:
             CapabilityParser.from_file(path)
         except CapabilityParseError as exc:

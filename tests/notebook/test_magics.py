@@ -679,3 +679,53 @@ def test_profile_config_applies_when_loaded(k: KernelSession, shared_dir: Path) 
     k.run(f"%unload_ext {EXTENSION}\nget_ipython().config.SandboxMagics.policy = {str(policy)!r}\n"
           f"%load_ext {EXTENSION}")
     assert f"# Session policy: {policy}" in k.text(k.run("%sandbox policy"))
+
+
+@pytest.mark.parametrize("through_link", [False, True], ids=["file", "link"])
+def test_a_cell_cannot_rewrite_the_session_policy(k: KernelSession, shared_dir: Path,
+                                                  through_link: bool) -> None:
+    """`policy.yaml` beside the notebook with `writable_paths: [.]`: a cell once rewrote it
+    to grant more, the magics read the changed file, and the next cell read a secret. The
+    policy stays read-only to every cell (through a link to it, the link is not followed
+    again: the magics keep the file it named)."""
+    project = shared_dir / "project"
+    project.mkdir()
+    project.chmod(0o777)
+    secret = shared_dir / "secret.txt"
+    secret.write_text("SECRET-OUTSIDE")
+    policy = write_policy(project, """
+        filesystem_config:
+          mode: read_write
+          writable_paths: [.]
+          readable_paths: []
+        """)
+    policy.chmod(0o666)
+    named = policy
+    if through_link:
+        named = project / "current.yaml"
+        named.symlink_to(policy)
+    k.run(f"%config SandboxMagics.policy = {str(named)!r}")
+    wider = f"filesystem_config: {{mode: read_write, writable_paths: [.], readable_paths: [{shared_dir}]}}\n"
+    msg_id = cell(k, f"""%%sandbox --quiet
+import os
+target = {str(named)!r}
+for attempt in ('write', 'replace'):
+    try:
+        if attempt == 'write':
+            open(target, 'w').write({wider!r})
+        else:
+            open(target + '.new', 'w').write({wider!r})
+            os.replace(target + '.new', target)
+        print(attempt, 'done')
+    except OSError as exc:
+        print(attempt, type(exc).__name__)
+""")
+    assert "write done" not in k.text(msg_id, "stdout"), k.text(msg_id, "stdout")
+    assert "writable_paths: [.]" in policy.read_text() and str(shared_dir) not in policy.read_text()
+    msg_id = cell(k, f"""%%sandbox --quiet
+try:
+    print(open({str(secret)!r}).read())
+except OSError as exc:
+    print('refused', type(exc).__name__)
+""")
+    assert "SECRET-OUTSIDE" not in k.text(msg_id, "stdout"), k.text(msg_id, "stdout")
