@@ -68,7 +68,7 @@ def project(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     subprocess.run(["chmod", "-R", "a+rwX", str(top)], check=True)
     monkeypatch.chdir(root)
     # a home inside the project: its startup files are on the list too
-    monkeypatch.setattr("sandbox_kernel_ext.runner.trusted.write_protected.home_folders",
+    monkeypatch.setattr("sandbox_kernel_ext.runner.trusted.write_protected._homes",
                         lambda: [str(root / "home")])
     try:
         yield root

@@ -47,6 +47,9 @@ FOLDER_STARTUP_PATHS = (
     "jupyter_config.py", "ipython_config.py", "ipython_kernel_config.py",
     "sitecustomize.py", "usercustomize.py",
 )
+# Where tools put a project's virtual environment.
+_ENVIRONMENT_NAMES = (".venv", "venv", "env", ".env", "virtualenv", ".virtualenv", ".conda",
+                      ".pixi", ".tox", ".nox")
 # In the kernel's working directory: what `import NAME` finds there before anything else.
 _IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd", ".ipynb")
 
@@ -64,7 +67,7 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     candidates: list[str] = []
     if policy_file:
         candidates.append(os.path.realpath(policy_file))
-    for home in home_folders():
+    for home in _homes():
         if any(is_within(home, root) for root in writable):
                 candidates += [os.path.join(home, name) for name in HOME_STARTUP_PATHS]
     folders = [*writable, *(w for w in workdirs if any(is_within(w, root) for root in writable))]
@@ -89,11 +92,34 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     return kept
 
 
+_HOMES: dict[tuple[object, ...], list[str]] = {}
+
+
+def _homes() -> list[str]:
+    """`home_folders()`, asked again only when the account database or /home changed (it
+    reads every account: most of this module's cost at each run)."""
+    key = tuple(_version(path) for path in ("/etc/passwd", "/home", "/root"))
+    if key not in _HOMES:
+        _HOMES.clear()
+        _HOMES[key] = home_folders()
+    return _HOMES[key]
+
+
+def _version(path: str) -> tuple[int, int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_ctime_ns
+
+
 def _environments_in(folder: str) -> list[str]:
     """The `lib/python3*` folders of a virtual environment that is `folder` or directly in
-    it (`.venv`, `env`): its `.pth` files and modules run when anyone uses it."""
+    it under a usual name (`.venv`, `env`, ...): its `.pth` files and modules run when anyone
+    uses it. (An environment under another name is found when this kernel runs from it.)"""
     found = []
-    for parent in [folder, *_subfolders(folder)]:
+    named = [os.path.join(folder, name) for name in _ENVIRONMENT_NAMES]
+    for parent in [folder, *(path for path in named if os.path.isdir(path))]:
         found += [path for path in _subfolders(os.path.join(parent, "lib"))
                   if os.path.basename(path).startswith("python3")]
     return found
