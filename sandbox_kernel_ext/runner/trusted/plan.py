@@ -547,37 +547,17 @@ def build_plan(
             f"(now {', '.join(moved) or 'a different set'}): was a folder replaced by a symlink? "
             "Refusing to run; create a new sandbox if the change is intended"
         )
-    homes = os.path.realpath(homes_folder())
     named = explicit_grants(capability)
     granted = policy_grants(readable, writable)
     if not hidden_by_mounts():
         readable = split_around_denied(readable, guarded_paths(capability, denied), named)
     hidden = hidden_paths(capability, denied, named)
     _refuse_stores_in_writable(writable, denied, named)
-    for path in readable + writable:
-        holds_hidden_homes = (path in readable  # "everywhere" holds /tmp
-                              and os.path.basename(homes) in hidden.get(os.path.dirname(homes), ()))
-        if is_within(path, homes) or (is_within(homes, path) and not holds_hidden_homes):
-            raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
-    child_env = child_environment(capability, home, env)
-    for name in (*PROXY_ENV_NAMES, "NO_PROXY", "no_proxy"):
-        child_env.pop(name, None)  # only the runner says where the way out is
-    if proxy_port is not None:
-        child_env.update(dict.fromkeys(PROXY_ENV_NAMES, f"http://127.0.0.1:{proxy_port}"))
-    if kind == "exec":
-        argv = resolve_command(argv, child_env)
-    elif kind == "session":
-        child_env = {**SESSION_ENV, **child_env}
+    _refuse_homes(readable, writable, hidden)
+    child_env, argv = _environment_and_command(capability, kind, argv, home, env, proxy_port)
     folders = [path for path in writable if os.path.isdir(path)]  # a writable file is no cwd
     workdir = os.path.realpath(cwd) if cwd else (folders[0] if folders else home)
-    named_writable = [path for path in named if path in writable]
-    protected = write_protected_paths(writable, kernel_workdirs(), _policy_file(capability),
-                                      named_writable)
-    if protected and not hidden_by_mounts():
-        # Landlock only allows: a writable folder holding a protected path becomes rules for
-        # its other entries (its own top level, and each folder on the way, read-only)
-        readable += writable
-        writable = split_around_denied(writable, protected, named_writable)
+    protected, readable, writable = _write_protection(capability, readable, writable, named)
     write_paths = [home, *writable, *host_reads.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
     _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
@@ -617,6 +597,49 @@ def build_plan(
         # where the proxy cannot listen in a namespace of the child's own
         connect_by_notification=proxy_port is not None and not network_namespaces(),
     )
+
+
+def _environment_and_command(capability: CapabilityDeclaration, kind: str, argv: list[str],
+                             home: str, env: dict[str, str] | None, proxy_port: int | None
+                             ) -> tuple[dict[str, str], list[str]]:
+    """The child's environment (the proxy's address the runner's alone) and its argv."""
+    child_env = child_environment(capability, home, env)
+    for name in (*PROXY_ENV_NAMES, "NO_PROXY", "no_proxy"):
+        child_env.pop(name, None)  # only the runner says where the way out is
+    if proxy_port is not None:
+        child_env.update(dict.fromkeys(PROXY_ENV_NAMES, f"http://127.0.0.1:{proxy_port}"))
+    if kind == "exec":
+        argv = resolve_command(argv, child_env)
+    elif kind == "session":
+        child_env = {**SESSION_ENV, **child_env}
+    return child_env, argv
+
+
+def _refuse_homes(readable: list[str], writable: list[str],
+                  hidden: dict[str, list[str]]) -> None:
+    """No grant inside the sandboxes' homes, nor around them unless they are hidden there."""
+    homes = os.path.realpath(homes_folder())
+    for path in readable + writable:
+        holds_hidden_homes = (path in readable  # "everywhere" holds /tmp
+                              and os.path.basename(homes) in hidden.get(os.path.dirname(homes), ()))
+        if is_within(path, homes) or (is_within(homes, path) and not holds_hidden_homes):
+            raise SandboxError(f"policy path {path} reaches into the sandboxes' homes ({homes})")
+
+
+def _write_protection(capability: CapabilityDeclaration, readable: list[str],
+                      writable: list[str], named: list[str]
+                      ) -> tuple[list[str], list[str], list[str]]:
+    """(the protected paths inside the writable ones, readable, writable): with mounts the
+    child binds the protected paths read-only; without, Landlock only allows, so a writable
+    folder holding one becomes rules for its other entries (its own top level, and each
+    folder on the way, only readable)."""
+    named_writable = [path for path in named if path in writable]
+    protected = write_protected_paths(writable, kernel_workdirs(), _policy_file(capability),
+                                      named_writable)
+    if protected and not hidden_by_mounts():
+        return protected, [*readable, *writable], split_around_denied(writable, protected,
+                                                                     named_writable)
+    return protected, readable, writable
 
 
 def _reads_everywhere(capability: CapabilityDeclaration) -> bool:
