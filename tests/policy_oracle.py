@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import stat
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from sandbox_kernel_ext import (
     SandboxManager,
 )
 from sandbox_kernel_ext.policy.paths import is_within
+
+from interfaces import run_code
 
 NAMES = ("data", "my data", "dañs", "-x", "notes ü", "raw", "out", "a b", "ünï", "--", "proj")
 SECRET = "DIFF-SECRET-KEY"
@@ -310,16 +311,7 @@ def observe(world: World, policy: Policy, interface: str, manager: SandboxManage
     mark = f"MARK-{interface}\n"
     code = f"PROBES = {world.probes()!r}\nMARK = {mark!r}\n" + PROBE_CODE
     try:
-        if interface == "execute":
-            result = manager.execute(sid, [sys.executable, "-c", code], timeout=60)
-        elif interface == "run_python":
-            result = manager.run_python(sid, code, timeout=60)
-        else:
-            session = manager.start_session(sid)
-            try:
-                result = session.run_cell(code, timeout=60)
-            finally:
-                session.close()
+        result = run_code(manager, sid, interface, code)
     finally:
         manager.destroy(sid)
     line = next((line for line in result.stdout.splitlines() if line.startswith("SEEN")), None)

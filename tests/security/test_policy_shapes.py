@@ -21,6 +21,8 @@ import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, SandboxError, SandboxManager
 
+from interfaces import RUNNERS, run_code
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 READABLE, WRITABLE = 200, 100
@@ -92,7 +94,7 @@ def _check_written(writable: list[Path], mark: str) -> None:
 
 
 @pytest.mark.parametrize("egress", [False, True], ids=["no-egress", "egress"])
-@pytest.mark.parametrize("interface", ["execute", "run_python", "session"])
+@pytest.mark.parametrize("interface", RUNNERS)
 def test_hundreds_of_folders_of_several_owners_all_work(many_folders, interface: str,
                                                           egress: bool) -> None:
     _, readable, writable = many_folders
@@ -100,16 +102,7 @@ def test_hundreds_of_folders_of_several_owners_all_work(many_folders, interface:
     code = _code(readable, writable, mark)
     with SandboxManager() as manager:
         sid = manager.create_sandbox(_policy(readable, writable, egress))
-        if interface == "execute":
-            result = manager.execute(sid, [sys.executable, "-c", code], timeout=120)
-        elif interface == "run_python":
-            result = manager.run_python(sid, code, timeout=120)
-        else:
-            session = manager.start_session(sid)
-            try:
-                result = session.run_cell(code, timeout=120)
-            finally:
-                session.close()
+        result = run_code(manager, sid, interface, code, timeout=120)
     assert "BAD 0 []" in result.stdout, (result.stdout, result.stderr)
     _check_written(writable, mark)
 

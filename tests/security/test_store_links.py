@@ -26,6 +26,8 @@ from sandbox_kernel_ext import (
     SandboxManager,
 )
 
+from interfaces import RUNNERS, run_code
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 SECRET = "SECRET-KEY-BYTES"
@@ -107,7 +109,7 @@ print('|'.join(seen))
 """
 
 
-@pytest.mark.parametrize("interface", ["execute", "run_python", "session"])
+@pytest.mark.parametrize("interface", RUNNERS)
 @pytest.mark.parametrize("grant", ["project", "project and home"])
 def test_links_inside_a_granted_folder_do_not_reach_a_store(home_and_project, interface: str,
                                                             grant: str) -> None:
@@ -118,16 +120,7 @@ def test_links_inside_a_granted_folder_do_not_reach_a_store(home_and_project, in
     code = f"DATA = {data!r}\n" + READ_THROUGH_LINKS
     with SandboxManager() as manager:
         sid = manager.create_sandbox(_policy(readable, writable))
-        if interface == "execute":
-            result = manager.execute(sid, [sys.executable, "-c", code])
-        elif interface == "run_python":
-            result = manager.run_python(sid, code)
-        else:
-            session = manager.start_session(sid)
-            try:
-                result = session.run_cell(code)
-            finally:
-                session.close()
+        result = run_code(manager, sid, interface, code)
     assert SECRET not in result.stdout, result.stdout
     # the control: a link to a plain file the policy grants is followed, one it does not is not
     control = "notes-link=public notes" if readable else "notes-link!PermissionError"

@@ -23,6 +23,8 @@ import pytest
 from sandbox_kernel_ext import CapabilityParser, SandboxError, SandboxManager
 from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
 
+from interfaces import RUNNERS, run_code
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 # Without a mount namespace Landlock leaves the protected paths out of the write rules, which
 # also leaves the folders on the way to them without a rule of their own: nothing new can be
@@ -128,22 +130,13 @@ def _check_host(root: Path) -> None:
     assert not [path for path in root.rglob("*.moved")]
 
 
-@pytest.mark.parametrize("interface", ["execute", "run_python", "session"])
+@pytest.mark.parametrize("interface", RUNNERS)
 def test_a_cell_cannot_change_what_the_trusted_side_runs(project: Path, interface: str) -> None:
     policy = CapabilityParser.from_file(project / "policy.yaml")
     code = _attack_code(project)
     with SandboxManager() as manager:
         sid = manager.create_sandbox(policy)
-        if interface == "execute":
-            result = manager.execute(sid, [sys.executable, "-c", code])
-        elif interface == "run_python":
-            result = manager.run_python(sid, code)
-        else:
-            session = manager.start_session(sid)
-            try:
-                result = session.run_cell(code)
-            finally:
-                session.close()
+        result = run_code(manager, sid, interface, code)
     assert result.exit_code == 0, result
     _check_host(project)
 
