@@ -247,6 +247,28 @@ def _real_path(fd: int) -> str | None:
     return real if real.startswith("/") and not real.endswith(" (deleted)") else None
 
 
+def open_root(path: str) -> int:
+    """A directory descriptor of the real folder `path`, opened one component at a time
+    without following a symlink: a folder on the way swapped for a link since the policy
+    was read (by a sandbox that may write its parent) is refused, not followed."""
+    fd = os.open("/", _DIR_LOOKUP | os.O_CLOEXEC)
+    try:
+        for part in [part for part in path.split("/") if part]:
+            try:
+                step = os.open(part, _DIR_LOOKUP | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink_at(fd, part):
+                    raise EscapeRefused("a folder of the root was replaced by a symlink "
+                                        "since the policy was read") from None
+                raise
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _rel_text(rel: Rel) -> str:
     return "/".join(rel) or "."
 
@@ -558,6 +580,7 @@ class HostBackend(FileBackend):
         for depth in range(len(rel)):
             parent_fd = self._open(rel[:depth], _DIR_LOOKUP)
             try:
+                self._refuse_hidden_name(parent_fd, rel[depth])  # nor a store's folder made
                 os.mkdir(rel[depth], 0o777, dir_fd=parent_fd)
             except FileExistsError:
                 pass  # a folder, or something the next open refuses

@@ -51,7 +51,7 @@ from ..policy.sandbox import Sandbox, VirtualPath
 from .call_approval import CallApproval, call_key, leave_ticket, take_ticket
 from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend
 from .deadline import Deadline
-from .host_backend import TEMP_SUFFIX, HostBackend
+from .host_backend import TEMP_SUFFIX, HostBackend, open_root
 from .results import (
     ChangeResult,
     DirEntry,
@@ -195,9 +195,9 @@ class FileSystemToolset:
                     backend = StoreBackend()
                 else:
                     try:
-                        root = os.path.realpath(self._sandbox.host_root(vp))
-                        backend = HostBackend(root, deny_symlinks=self.limits.deny_symlinks,
-                                              hidden=never_read_inside(root))
+                        root = self._sandbox.host_root(vp)  # resolved when it was read
+                        backend = HostBackend(open_root(root), hidden=never_read_inside(root),
+                                              deny_symlinks=self.limits.deny_symlinks)
                     except OSError:
                         raise PathNotFoundError(str(vp.at(())), "is a root whose folder is missing or not a folder") from None
                 self._backends[key] = backend

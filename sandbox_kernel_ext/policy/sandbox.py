@@ -25,6 +25,7 @@ from .errors import (
     SuffixNotAllowedError,
 )
 from .path_config import PathConfig, SandboxConfig
+from .credential_stores import never_read
 from .paths import is_within
 
 if TYPE_CHECKING:
@@ -137,10 +138,21 @@ class Sandbox:
         return cls(config, policy.base_path)
 
     def _host(self, root: str) -> str:
+        """The root's real folder, resolved once, here. One reached only through a symlink
+        into a credential store is refused, as the runner refuses it: a store is served
+        only when the policy names it by its own path."""
         path = Path(os.path.expanduser(root))
         if not path.is_absolute():
             path = self.base_path / path
-        return os.path.realpath(path)
+        spelled = os.path.normpath(path)
+        real = os.path.realpath(path)
+        if real != spelled:
+            store = next((bad for bad in never_read() if is_within(real, bad)), None)
+            if store is not None:
+                raise ConfigurationError(
+                    f"root {root!r} leads through a symlink to {real}, inside {store}, which "
+                    "no sandbox reads; name the store by its own path if that is meant")
+        return real
 
     # ----------------------------------------------------------------- parsing
     def parse(self, path: str) -> VirtualPath:

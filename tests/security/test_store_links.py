@@ -212,3 +212,42 @@ for path in ({str(home / '.netrc')!r}, {str(home / '.ssh' / 'config')!r}):
     assert SECRET not in result.stdout and "written" not in result.stdout, result.stdout
     assert result.stdout.count("refused") == 2, result.stdout
     assert (home / ".netrc").read_text() == SECRET
+
+
+def test_a_toolset_root_through_a_link_into_a_store_is_refused(home_and_project) -> None:
+    """Found in review: the runner refused a `paths` root that is a link into ~/.ssh, the
+    toolset served it."""
+    from sandbox_kernel_ext import ConfigurationError
+
+    home, project = home_and_project
+    os.symlink(home / ".ssh", project / "keys")
+    policy = CapabilityDeclaration.model_validate({"paths": {
+        "k": {"root": str(project / "keys"), "mode": "ro"}}})
+    with pytest.raises(ConfigurationError, match="no sandbox reads"):
+        FileSystemToolset.from_policy(policy).read("/k/id_rsa")
+
+
+def test_a_toolset_root_swapped_after_the_policy_was_read_is_refused(home_and_project) -> None:
+    """Found in review: a cell renamed the folder above a toolset root and linked the
+    root's name to ~/.ssh before the toolset first used it; the toolset served the key."""
+    home, project = home_and_project
+    policy = CapabilityDeclaration.model_validate({"paths": {
+        "d": {"root": str(project / "data"), "mode": "rw", "write_approval": False}}})
+    tools = FileSystemToolset.from_policy(policy)
+    os.rename(project / "data", project / "data.old")  # what the cell did, from outside
+    os.symlink(home / ".ssh", project / "data")
+    with tools:
+        for action in (lambda: tools.read("/d/id_rsa"), lambda: tools.list_files("/d"),
+                       lambda: tools.write("/d/authorized_keys", "evil")):
+            with pytest.raises(Exception) as refused:
+                action()
+            assert SECRET not in str(refused.value)
+            assert "replaced by a symlink" in str(refused.value), refused.value
+    assert sorted(os.listdir(home / ".ssh")) == ["config", "id_rsa"]
+
+
+def test_a_refused_write_leaves_no_store_folder_behind(home_and_project) -> None:
+    home, _ = home_and_project
+    with _toolset(home) as tools, pytest.raises(Exception):
+        tools.write("/h/.gnupg/pubring.kbx", "x")
+    assert not (home / ".gnupg").exists()

@@ -216,3 +216,66 @@ def test_a_missing_path_is_refused_by_name_not_silently(project: Path) -> None:
         "filesystem_config:\n  mode: read_write\n  writable_paths: [/nonexistent/sbx]\n")
     with SandboxManager() as manager, pytest.raises(SandboxError, match="/nonexistent/sbx"):
         manager.create_sandbox(policy)
+
+
+@pytest.mark.skipif(not hidden_by_mounts(), reason="the rename is refused by Landlock alone "
+                    "without mounts (the outer folder gets no write rule)")
+def test_a_nested_writable_folder_does_not_open_a_way_around(project: Path) -> None:
+    """Found in review: `writable_paths: [W, W/x/repo]` with `W/x/repo/.git`: the folders
+    above the protected path were anchored from the inner root only, so the cell renamed
+    `W/x` away and made a new `.git/config` with an fsmonitor command at the old path."""
+    repo = project / "x" / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".git" / "config").write_text(ORIGINAL)
+    subprocess.run(["chmod", "-R", "a+rwX", str(project / "x")], check=True)
+    policy = CapabilityParser.from_string(
+        f"filesystem_config:\n  mode: read_write\n  writable_paths: [{project}, {repo}]\n")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, f"""
+import os
+x = {str(project / 'x')!r}
+try:
+    os.rename(x, x + '-old')
+    os.makedirs(os.path.join(x, 'repo', '.git'))
+    open(os.path.join(x, 'repo', '.git', 'config'), 'w').write('[core]\\n\\tfsmonitor = evil\\n')
+    print('replaced')
+except OSError as exc:
+    print('refused', type(exc).__name__)
+""")
+    assert "refused" in result.stdout, result
+    assert (repo / ".git" / "config").read_text() == ORIGINAL
+
+
+def test_a_virtual_environment_stays_whole(project: Path) -> None:
+    """Found in review: `.venv/bin/python`, `bin/activate` and `pyvenv.cfg` were writable
+    (only `lib/python3*` was protected): the next kernel started from it ran the cell's code."""
+    venv = project / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("pyvenv.cfg", "bin/activate", "bin/jupyter"):
+        (venv / name).write_text(ORIGINAL)
+    os.symlink("/usr/bin/python3", venv / "bin" / "python")
+    subprocess.run(["chmod", "-R", "a+rwX", str(venv)], check=True)
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, f"""
+import os
+venv = {str(venv)!r}
+for name in ('pyvenv.cfg', 'bin/activate', 'bin/jupyter', 'bin/new'):
+    try:
+        open(os.path.join(venv, name), 'a').write('planted')
+        print('changed', name)
+    except OSError as exc:
+        print('refused', name)
+try:
+    os.unlink(os.path.join(venv, 'bin', 'python'))
+    os.symlink('/tmp/evil', os.path.join(venv, 'bin', 'python'))
+    print('changed python')
+except OSError:
+    print('refused python')
+""")
+    assert "changed" not in result.stdout, result.stdout
+    for name in ("pyvenv.cfg", "bin/activate", "bin/jupyter"):
+        assert (venv / name).read_text() == ORIGINAL
+    assert os.readlink(venv / "bin" / "python") == "/usr/bin/python3"

@@ -532,7 +532,9 @@ def protect_paths(protected: list[str], write_paths: list[str]) -> None:
     roots = [root for root in write_paths if os.path.isdir(root)]
     anchors: set[str] = set()
     for path in protected:
-        root = max((r for r in roots if is_within(path, r) and r != path), key=len, default=None)
+        # from the outermost writable folder: a writable one nested in another is as
+        # renamable as any folder there
+        root = min((r for r in roots if is_within(path, r) and r != path), key=len, default=None)
         folder = os.path.dirname(path)
         while root is not None and folder != root and is_within(folder, root):
             anchors.add(folder)

@@ -85,11 +85,17 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
               if path not in named and any(is_within(path, root) and path != root
                                            for root in writable)
               and _reached_without_links(path)]
+    return _outermost(inside)
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """`paths` without those inside another, in one sorted pass (a folder sorts right
+    before what is in it when compared as component lists): a cell may make thousands."""
     kept: list[str] = []
-    for path in sorted(inside, key=lambda p: (p.count("/"), p)):
-        if not any(is_within(path, outer) for outer in kept):
+    for path in sorted(paths, key=lambda p: p.split("/")):
+        if not kept or not is_within(path, kept[-1]):
             kept.append(path)
-    return kept
+    return sorted(kept, key=lambda p: (p.count("/"), p))
 
 
 _HOMES: dict[tuple[object, ...], list[str]] = {}
@@ -101,7 +107,7 @@ def _homes() -> list[str]:
     key = tuple(_version(path) for path in ("/etc/passwd", "/home", "/root"))
     if key not in _HOMES:
         _HOMES.clear()
-        _HOMES[key] = home_folders()
+        _HOMES[key] = sorted({os.path.realpath(home) for home in home_folders()})
     return _HOMES[key]
 
 
@@ -114,20 +120,24 @@ def _version(path: str) -> tuple[int, int, int] | None:
 
 
 def _environments_in(folder: str) -> list[str]:
-    """The `lib/python3*` folders of a virtual environment that is `folder` or directly in
-    it under a usual name (`.venv`, `env`, ...): its `.pth` files and modules run when anyone
-    uses it. (An environment under another name is found when this kernel runs from it.)"""
+    """A Python environment that is `folder`, or directly in it under a usual name
+    (`.venv`, `env`, ...), whole: its interpreter link, `bin/` scripts, `pyvenv.cfg`,
+    `.pth` files and modules run when anyone uses it. (One under another name is found
+    when this kernel runs from it.)"""
     found = []
-    named = [os.path.join(folder, name) for name in _ENVIRONMENT_NAMES]
-    for parent in [folder, *(path for path in named if os.path.isdir(path))]:
-        found += [path for path in _subfolders(os.path.join(parent, "lib"))
-                  if os.path.basename(path).startswith("python3")]
+    for path in [folder, *(os.path.join(folder, name) for name in _ENVIRONMENT_NAMES)]:
+        if any(os.path.lexists(os.path.join(path, marker))
+               for marker in ("pyvenv.cfg", "conda-meta")):
+            found.append(path)
+        else:  # a prefix without a marker (`pip install --prefix`): its modules
+            found += _python_libs(os.path.join(path, "lib"))
     return found
 
 
-def _subfolders(folder: str) -> list[str]:
+def _python_libs(lib: str) -> list[str]:
     try:
-        return [entry.path for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False)]
+        return [entry.path for entry in os.scandir(lib)
+                if entry.name.startswith("python3") and entry.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 
@@ -155,7 +165,8 @@ def _python_and_jupyter_folders(path: tuple[str, ...] = ()) -> tuple[list[str], 
     """(folders read whole at start: site-packages with their `.pth` files, Jupyter's config
     and data folders with their kernel specs; folders Python imports from by name: the rest
     of this kernel's `sys.path`)."""
-    whole: list[str] = []
+    # the environment this kernel runs from, its interpreter included
+    whole: list[str] = [sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)]
     try:
         whole += site.getsitepackages()
         whole.append(site.getusersitepackages())
