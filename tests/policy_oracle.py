@@ -365,6 +365,8 @@ def expect_toolset(world: World, policy: Policy) -> Expected:
         full, real = _real(world, root)
         if not os.path.exists(real):
             return Expected(refused="missing")
+        if full != real and is_within(real, world.store):  # step 3, as for the runner
+            return Expected(refused="store link")
         roots.append((real, mode))
     if _overlapping([root for root, _ in roots]):
         return Expected(refused="table roots overlap")
