@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from ...policy.credential_stores import etc_secret_paths, never_read, sandbox_homes_folder
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
-from ...policy.paths import is_within
+from ...policy.paths import is_within, outermost, within_any
 from ..wire import ChildPlan
 from . import host_reads
 from .write_protected import write_protected_paths
@@ -248,15 +248,15 @@ def _refuse_stores_in_writable(writable: list[str], denied: Iterable[str],
     could rename the folder holding it and find it unhidden at its next run. So a writable
     folder may not hold one (unless the policy names the store itself)."""
     named = set(named)
-    for root in writable:
-        for path in denied:
-            if path not in named and is_within(path, root) and path != root \
-                    and os.path.lexists(path):
-                raise SandboxError(
-                    f"writable path {root} holds {path}, a credential store sandboxes never "
-                    "read; a cell could move it out from under its cover. Grant the folders "
-                    "beside it instead"
-                )
+    roots = set(writable)
+    for path in denied:
+        root = within_any(os.path.dirname(path), roots) if path not in named else None
+        if root is not None and os.path.lexists(path):
+            raise SandboxError(
+                f"writable path {root} holds {path}, a credential store sandboxes never "
+                "read; a cell could move it out from under its cover. Grant the folders "
+                "beside it instead"
+            )
 
 
 def explicit_grants(capability: CapabilityDeclaration) -> list[str]:
@@ -310,11 +310,7 @@ def owner_mapped_paths(granted: Iterable[str], reached: Iterable[str]) -> list[s
         blocker = _closed_root_folder_above(path)
         if blocker is not None:
             mapped.append(blocker)
-    kept: list[str] = []
-    for path in sorted(set(mapped), key=lambda p: (p.count("/"), p)):
-        if not any(is_within(path, parent) for parent in kept):
-            kept.append(path)
-    return kept
+    return outermost(mapped)
 
 
 def _closed_root_folder_above(path: str) -> str | None:

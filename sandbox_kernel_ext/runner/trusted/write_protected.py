@@ -18,13 +18,14 @@ policy reference says so, with the way to keep a folder free of them.
 from __future__ import annotations
 
 import functools
+import time
 import os
 import site
 import sys
 from collections.abc import Iterable
 
 from ...policy.credential_stores import home_folders
-from ...policy.paths import is_within
+from ...policy.paths import outermost, within_any
 
 __all__ = ["write_protected_paths", "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
 
@@ -60,42 +61,84 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     the startup files of homes inside them, each folder's startup files above, the Python
     and Jupyter folders this kernel reads at start, and in each of `workdirs` (where a kernel
     starts) every importable name and notebook. Only what exists now and is reached without
-    a symlink; none that the policy `named` itself; outermost first."""
+    a symlink; none that the policy `named` itself; outermost first. One listing of each
+    writable folder (kept while the folder is unchanged) serves its names."""
     writable = [path for path in dict.fromkeys(writable) if os.path.isdir(path)]
     if not writable:
         return []
-    candidates: list[str] = []
-    if policy_file:
-        candidates.append(os.path.realpath(policy_file))
-    for home in _homes():
-        if any(is_within(home, root) for root in writable):
-                candidates += [os.path.join(home, name) for name in HOME_STARTUP_PATHS]
-    folders = [*writable, *(w for w in workdirs if any(is_within(w, root) for root in writable))]
-    for folder in dict.fromkeys(folders):
-        candidates += [os.path.join(folder, name) for name in FOLDER_STARTUP_PATHS]
-        candidates += _environments_in(folder)
+    roots = set(writable)
+
+    def inside(path: str) -> bool:
+        return within_any(path, roots) is not None
+
     site_folders, import_folders = _python_and_jupyter_folders(tuple(sys.path))
-    candidates += site_folders
-    import_folders = [*workdirs, *import_folders]
-    for folder in dict.fromkeys([*import_folders, *writable]):
-        if any(is_within(folder, root) for root in writable):
-            candidates += _importable_in(folder, notebooks_only=folder not in import_folders)
+    import_folders = [folder for folder in [*workdirs, *import_folders] if inside(folder)]
+    found: list[str] = []
+    for folder in dict.fromkeys([*writable, *import_folders]):
+        found += _protected_in(folder, importable=folder in import_folders)
+    others = [os.path.realpath(policy_file)] if policy_file else []
+    for home in _homes():
+        if inside(home):
+            others += [os.path.join(home, name) for name in HOME_STARTUP_PATHS]
+    others += site_folders
+    found += [path for path in others if inside(path) and _reached_without_links(path)]
     named = set(named)
-    inside = [path for path in dict.fromkeys(candidates)
-              if path not in named and any(is_within(path, root) and path != root
-                                           for root in writable)
-              and _reached_without_links(path)]
-    return _outermost(inside)
+    return outermost([path for path in dict.fromkeys(found)
+                       if path not in named and path not in roots])
 
 
-def _outermost(paths: list[str]) -> list[str]:
-    """`paths` without those inside another, in one sorted pass (a folder sorts right
-    before what is in it when compared as component lists): a cell may make thousands."""
-    kept: list[str] = []
-    for path in sorted(paths, key=lambda p: p.split("/")):
-        if not kept or not is_within(path, kept[-1]):
-            kept.append(path)
-    return sorted(kept, key=lambda p: (p.count("/"), p))
+def _protected_in(folder: str, *, importable: bool) -> list[str]:
+    """The protected entries directly in `folder`: startup names, Python environments,
+    notebooks, and with `importable` every module, package and `.pth` file."""
+    found = []
+    listing = _listing(folder)
+    names = {name for name, _, _ in listing}
+    if names & {"pyvenv.cfg", "conda-meta"}:
+        return [folder]  # an environment: whole
+    if "lib" in names:
+        found += _python_libs(os.path.join(folder, "lib"))
+    for name, is_dir, is_link in listing:
+        if is_link:
+            continue  # a link protects nothing: what it points at is not the path
+        path = os.path.join(folder, name)
+        if name in FOLDER_STARTUP_PATHS or name.endswith(".ipynb"):
+            found.append(path)
+        elif name in _ENVIRONMENT_NAMES and is_dir:
+            found += _environment(path)
+        elif importable and (name.endswith(_IMPORTABLE_SUFFIXES) or (is_dir and (
+                name == "__pycache__" or os.path.lexists(os.path.join(path, "__init__.py"))))):
+            found.append(path)
+    return found
+
+
+_LISTINGS: dict[str, tuple[tuple[int, int, int], list[tuple[str, bool, bool]]]] = {}
+_LISTINGS_MAX = 4096
+_SETTLED_NS = 2_000_000_000
+
+
+def _listing(folder: str) -> list[tuple[str, bool, bool]]:
+    """(name, is a folder, is a link) of each entry, kept while the folder's inode and times
+    are the same; a listing read within two seconds of a change is not kept (a change in
+    the same timestamp tick would not show)."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return []
+    version = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+    cached = _LISTINGS.get(folder)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    try:
+        with os.scandir(folder) as entries:
+            listing = [(entry.name, entry.is_dir(follow_symlinks=False), entry.is_symlink())
+                       for entry in entries]
+    except OSError:
+        return []
+    if time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > _SETTLED_NS:
+        if len(_LISTINGS) >= _LISTINGS_MAX:
+            _LISTINGS.clear()
+        _LISTINGS[folder] = (version, listing)
+    return listing
 
 
 _HOMES: dict[tuple[object, ...], list[str]] = {}
@@ -119,19 +162,13 @@ def _version(path: str) -> tuple[int, int, int] | None:
     return info.st_ino, info.st_mtime_ns, info.st_ctime_ns
 
 
-def _environments_in(folder: str) -> list[str]:
-    """A Python environment that is `folder`, or directly in it under a usual name
-    (`.venv`, `env`, ...), whole: its interpreter link, `bin/` scripts, `pyvenv.cfg`,
-    `.pth` files and modules run when anyone uses it. (One under another name is found
-    when this kernel runs from it.)"""
-    found = []
-    for path in [folder, *(os.path.join(folder, name) for name in _ENVIRONMENT_NAMES)]:
-        if any(os.path.lexists(os.path.join(path, marker))
-               for marker in ("pyvenv.cfg", "conda-meta")):
-            found.append(path)
-        else:  # a prefix without a marker (`pip install --prefix`): its modules
-            found += _python_libs(os.path.join(path, "lib"))
-    return found
+def _environment(path: str) -> list[str]:
+    """`path` whole if it is a Python environment (a `pyvenv.cfg` or `conda-meta`: its
+    interpreter link, `bin/` scripts, `.pth` files and modules run when anyone uses it),
+    else the `lib/python3*` of a prefix without a marker (`pip install --prefix`)."""
+    if any(os.path.lexists(os.path.join(path, marker)) for marker in ("pyvenv.cfg", "conda-meta")):
+        return [path]
+    return _python_libs(os.path.join(path, "lib"))
 
 
 def _python_libs(lib: str) -> list[str]:
@@ -140,24 +177,6 @@ def _python_libs(lib: str) -> list[str]:
                 if entry.name.startswith("python3") and entry.is_dir(follow_symlinks=False)]
     except OSError:
         return []
-
-
-def _importable_in(folder: str, *, notebooks_only: bool = False) -> list[str]:
-    """Modules, packages, `.pth` files and notebooks directly in `folder` (only notebooks,
-    in a writable folder no Python imports from)."""
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        if entry.name.endswith(".ipynb" if notebooks_only else _IMPORTABLE_SUFFIXES):
-            found.append(entry.path)
-        elif not notebooks_only and entry.is_dir(follow_symlinks=False) and (
-                os.path.lexists(os.path.join(entry.path, "__init__.py"))
-                or entry.name == "__pycache__"):
-            found.append(entry.path)
-    return found
 
 
 @functools.lru_cache(maxsize=4)
