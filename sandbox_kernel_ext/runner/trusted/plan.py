@@ -544,7 +544,7 @@ def build_plan(
             "Refusing to run; create a new sandbox if the change is intended"
         )
     named = explicit_grants(capability)
-    granted = policy_grants(readable, writable)
+    granted, granted_reads = policy_grants(readable, writable), readable
     if not hidden_by_mounts():
         readable = split_around_denied(readable, guarded_paths(capability, denied), named)
     hidden = hidden_paths(capability, denied, named)
@@ -586,8 +586,7 @@ def build_plan(
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
         protected_paths=protected if hidden_by_mounts() else [],
-        list_everywhere=(mounts["proc"] and hidden_by_mounts()
-                         and _reads_everywhere(capability)),
+        list_everywhere=mounts["proc"] and hidden_by_mounts() and _reads_everywhere(granted_reads),
         private_proc=mounts["proc"],
         private_shm=mounts["dev_shm"],
         # where the proxy cannot listen in a namespace of the child's own
@@ -638,15 +637,9 @@ def _write_protection(capability: CapabilityDeclaration, readable: list[str],
     return protected, readable, writable
 
 
-def _reads_everywhere(capability: CapabilityDeclaration) -> bool:
-    """`readable_paths: null`, or `/` among them (the test `filesystem_grants` makes)."""
-    config = capability.filesystem_config
-    if config.mode is FilesystemMode.none:
-        return False
-    base = str(capability.base_path)
-    return config.readable_paths is None or any(
-        os.path.realpath(os.path.join(base, os.path.expanduser(path))) == "/"
-        for path in config.readable_paths)
+def _reads_everywhere(readable: list[str]) -> bool:
+    """Whether the grants are "read everywhere" (`filesystem_grants` puts its rules in)."""
+    return set(_everywhere_read_set()) <= set(readable)
 
 
 def kernel_workdirs() -> list[str]:
