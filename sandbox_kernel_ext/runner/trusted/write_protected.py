@@ -18,10 +18,10 @@ policy reference says so, with the way to keep a folder free of them.
 from __future__ import annotations
 
 import functools
-import time
 import os
 import site
 import sys
+import time
 from collections.abc import Iterable
 
 from ...policy.credential_stores import home_folders
@@ -39,9 +39,10 @@ HOME_STARTUP_PATHS = (
     ".config/Code/User", ".local/bin", ".local/lib", ".pythonstartup", ".pdbrc", ".direnvrc",
     ".config/direnv",
 )
-# Beneath each writable folder and the kernel's working directory: a repository (whole, as
-# Codex keeps it: hooks, config with its fsmonitor and filters, submodules' own), per-folder tool settings that run commands, Jupyter and IPython config files
-# (Jupyter reads them from the working directory too).
+# Directly in each writable folder and the kernel's working directory: a repository (whole,
+# as Codex keeps it: hooks, config with its fsmonitor and filters, submodules' own),
+# per-folder tool settings that run commands, Jupyter and IPython config files (Jupyter
+# reads them from the working directory too).
 FOLDER_STARTUP_PATHS = (
     ".git", ".envrc", ".vscode", ".idea", ".pre-commit-config.yaml",
     "jupyter_server_config.py", "jupyter_notebook_config.py", "jupyter_lab_config.py",
