@@ -274,7 +274,11 @@ class _Ceiling:
 def _resolve(path: str, cwd: str, field: str) -> str:
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise NarrowingError(field, f"{field} {path!r} is not a path")
-    real = _real(path, cwd)
+    try:
+        real = _real(path, cwd)
+    except OSError as exc:  # a link removed while it was followed: changing under us
+        raise NarrowingError(field, f"{field} {path!r} changed while it was resolved "
+                                    f"({exc.strerror}); try again") from None
     if not os.path.exists(real):
         raise NarrowingError(field, f"{field} {path!r} does not exist (resolved to {real})")
     return real

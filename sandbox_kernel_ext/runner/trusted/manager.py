@@ -172,8 +172,12 @@ class SandboxManager:
         grants = filesystem_grants(capability)
         build_plan(capability, kind="python", argv=[], home=tempfile.gettempdir(), denied=denied,
                    pinned=grants)  # the rest of the policy's checks, before anything is made
-        self._check_writable(grants[1])
-        self._check_reachable(policy_grants(*grants))
+        try:
+            self._check_writable(grants[1])
+            self._check_reachable(policy_grants(*grants))
+        except OSError as exc:  # a granted folder gone or replaced since it was resolved
+            raise SandboxError(f"a policy path changed while the sandbox was made: {exc}; "
+                               "try again") from None
         network_note = None
         if capability.network_egress_rules and not egress_possible():
             network_note = (

@@ -335,7 +335,11 @@ def _real_paths(paths: list[str], base: str, what: str, resolved: bool = False) 
     out = []
     for path in paths:
         spelled = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
-        full = os.path.realpath(spelled)
+        try:
+            full = os.path.realpath(spelled)
+        except OSError as exc:  # a link removed while it was followed
+            raise SandboxError(f"{what} {path!r} changed while it was resolved "
+                               f"({exc.strerror}); try again") from None
         if not os.path.exists(full):
             raise SandboxError(f"{what} {path!r} does not exist (resolved to {full})")
         if resolved and full != spelled:
