@@ -88,6 +88,13 @@ def _walk(top: str, device: int, usage: Usage) -> None:
         if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # gone or replaced meanwhile
             usage.unlisted.add(error.filename or top)
 
+    try:
+        _walk_from(top, device, usage, unlisted)
+    except FileNotFoundError:  # the top itself went away after its lstat (a destroyed home):
+        pass                   # fwalk opens it outside `onerror`'s reach
+
+
+def _walk_from(top: str, device: int, usage: Usage, unlisted) -> None:
     for folder, dirs, files, folder_fd in os.fwalk(top, onerror=unlisted):
         keep = []
         for name in dirs:
