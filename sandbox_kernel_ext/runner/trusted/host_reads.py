@@ -25,9 +25,19 @@ from ...policy.credential_stores import (
 from ...policy.paths import is_within
 
 __all__ = [
-    "python_read_set", "python_write_set", "etc_read_set", "etc_secret_paths", "credential_paths",
+    "resolved", "python_read_set", "python_write_set", "etc_read_set", "etc_secret_paths", "credential_paths",
     "cover_except", "home_folders", "HOME_CREDENTIAL_PATHS", "SYSTEM_CREDENTIAL_PATHS",
 ]
+
+def resolved(path: str) -> str | None:
+    """`os.path.realpath(path)`, or None when the path changes while it is followed
+    (realpath itself raises when a link on the way is removed meanwhile: a sandbox that may
+    write there can make that happen at will)."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        return None
+
 
 # -- read sets ----------------------------------------------------------------------------------
 
@@ -179,8 +189,8 @@ def cover_except(root: str, denied: Iterable[str]) -> list[str]:
             return []
         for entry in entries:
             if entry.is_symlink():
-                target = os.path.realpath(entry.path)
-                if clear(target) and os.path.exists(target):
+                target = resolved(entry.path)
+                if target is not None and clear(target) and os.path.exists(target):
                     grants.append(entry.path)
             elif entry.is_dir(follow_symlinks=False):
                 grants.extend(walk(entry.path))

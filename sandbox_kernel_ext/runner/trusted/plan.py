@@ -276,7 +276,7 @@ def explicit_grants(capability: CapabilityDeclaration) -> list[str]:
     named = []
     for path in given:
         full = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
-        if os.path.realpath(full) == full:
+        if host_reads.resolved(full) == full:
             named.append(full)
     return named
 
@@ -335,11 +335,9 @@ def _real_paths(paths: list[str], base: str, what: str, resolved: bool = False) 
     out = []
     for path in paths:
         spelled = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
-        try:
-            full = os.path.realpath(spelled)
-        except OSError as exc:  # a link removed while it was followed
-            raise SandboxError(f"{what} {path!r} changed while it was resolved "
-                               f"({exc.strerror}); try again") from None
+        full = host_reads.resolved(spelled)
+        if full is None:  # a link removed while it was followed
+            raise SandboxError(f"{what} {path!r} changed while it was resolved; try again")
         if not os.path.exists(full):
             raise SandboxError(f"{what} {path!r} does not exist (resolved to {full})")
         if resolved and full != spelled:

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 from ...policy.credential_stores import home_folders
 from ...policy.paths import outermost, within_any
+from .host_reads import resolved
 
 __all__ = ["write_protected_paths", "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
 
@@ -77,7 +78,7 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     found: list[str] = []
     for folder in dict.fromkeys([*writable, *import_folders]):
         found += _protected_in(folder, importable=folder in import_folders)
-    others = [os.path.realpath(policy_file)] if policy_file else []
+    others = [resolved(policy_file) or policy_file] if policy_file else []
     for home in _homes():
         if inside(home):
             others += [os.path.join(home, name) for name in HOME_STARTUP_PATHS]
@@ -151,7 +152,7 @@ def _homes() -> list[str]:
     key = tuple(_version(path) for path in ("/etc/passwd", "/home", "/root"))
     if key not in _HOMES:
         _HOMES.clear()
-        _HOMES[key] = sorted({os.path.realpath(home) for home in home_folders()})
+        _HOMES[key] = sorted({home for home in map(resolved, home_folders()) if home})
     return _HOMES[key]
 
 
@@ -210,11 +211,11 @@ def _python_and_jupyter_folders(path: tuple[str, ...] = ()) -> tuple[list[str], 
 
 
 def _real_folders(paths: list[str]) -> list[str]:
-    return list(dict.fromkeys(os.path.realpath(path) for path in paths))
+    return list(dict.fromkeys(real for real in map(resolved, paths) if real))
 
 
 def _reached_without_links(path: str) -> bool:
     """Whether `path` exists and no component of it is a symlink (what the child can bind)."""
     if not os.path.lexists(path):
         return False
-    return os.path.realpath(path) == os.path.normpath(path)
+    return resolved(path) == os.path.normpath(path)
