@@ -17,7 +17,7 @@ from .paths import is_within
 __all__ = [
     "HOME_CREDENTIAL_PATHS", "SYSTEM_CREDENTIAL_PATHS", "ETC_SECRET_PATHS", "credential_paths",
     "home_folders", "etc_entry_is_secret", "etc_secret_paths", "sandbox_homes_folder",
-    "never_read", "never_read_inside",
+    "never_read", "never_read_inside", "store_link_refusal",
 ]
 
 # Entries of /etc never granted, by path relative to /etc: credential stores and privilege config.
@@ -195,3 +195,16 @@ def never_read_inside(root: str) -> tuple[str, ...]:
     if is_within("/etc", root) or is_within(root, "/etc"):
         inside += [path for path in etc_secret_paths() if path != root]
     return tuple(dict.fromkeys(inside))
+
+
+def store_link_refusal(what: str, spelled: str, real: str) -> str | None:
+    """Why a policy path written as `spelled`, resolving to `real`, is refused: it reached a
+    store only by following a symlink (`data/settings -> ~/.ssh/config`). None when it did
+    not: a store the policy names by its own path is the policy's choice."""
+    if real == spelled:
+        return None
+    store = next((bad for bad in never_read() if is_within(real, bad)), None)
+    if store is None:
+        return None
+    return (f"{what} leads through a symlink to {real}, inside {store}, which no sandbox "
+            "reads; name the store by its own path if that is meant")

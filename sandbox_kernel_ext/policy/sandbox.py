@@ -25,7 +25,7 @@ from .errors import (
     SuffixNotAllowedError,
 )
 from .path_config import PathConfig, SandboxConfig
-from .credential_stores import never_read
+from .credential_stores import store_link_refusal
 from .paths import is_within
 
 if TYPE_CHECKING:
@@ -144,14 +144,10 @@ class Sandbox:
         path = Path(os.path.expanduser(root))
         if not path.is_absolute():
             path = self.base_path / path
-        spelled = os.path.normpath(path)
         real = os.path.realpath(path)
-        if real != spelled:
-            store = next((bad for bad in never_read() if is_within(real, bad)), None)
-            if store is not None:
-                raise ConfigurationError(
-                    f"root {root!r} leads through a symlink to {real}, inside {store}, which "
-                    "no sandbox reads; name the store by its own path if that is meant")
+        refusal = store_link_refusal(f"root {root!r}", os.path.normpath(path), real)
+        if refusal is not None:
+            raise ConfigurationError(refusal)
         return real
 
     # ----------------------------------------------------------------- parsing

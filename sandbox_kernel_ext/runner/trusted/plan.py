@@ -21,7 +21,12 @@ import threading
 import time
 from collections.abc import Iterable
 
-from ...policy.credential_stores import etc_secret_paths, never_read, sandbox_homes_folder
+from ...policy.credential_stores import (
+    etc_secret_paths,
+    never_read,
+    sandbox_homes_folder,
+    store_link_refusal,
+)
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within, outermost, within_any
@@ -344,12 +349,9 @@ def _real_paths(paths: list[str], base: str, what: str, resolved: bool = False) 
             raise SandboxError(
                 f"{what} {spelled} was checked as a real path and now resolves to {full}: "
                 "was a folder replaced by a symlink? Refusing to run")
-        if full != spelled:
-            store = next((bad for bad in never_read() if is_within(full, bad)), None)
-            if store is not None:
-                raise SandboxError(
-                    f"{what} {path!r} leads through a symlink to {full}, inside {store}, "
-                    "which no sandbox reads; grant the store by its own name if that is meant")
+        refusal = store_link_refusal(f"{what} {path!r}", spelled, full)
+        if refusal is not None:
+            raise SandboxError(refusal)
         out.append(full)
     return out
 
