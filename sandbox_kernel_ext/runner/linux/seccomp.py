@@ -118,6 +118,7 @@ ARCHES: dict[str, _Arch] = {
         "fchmodat2": 452, "creat": 85, "open": 2, "openat": 257, "openat2": 437, "mkdir": 83,
         "mkdirat": 258, "mknod": 133, "mknodat": 259, "umask": 95, "setxattr": 188,
         "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463, "fallocate": 285,
+        "prlimit64": 302,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -136,6 +137,7 @@ ARCHES: dict[str, _Arch] = {
         "semget": 190, "vmsplice": 75, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452,
         "openat": 56, "openat2": 437, "mkdirat": 34, "mknodat": 33, "umask": 166,
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463, "fallocate": 47,
+        "prlimit64": 261,
     }),
 }
 # The old path calls that aarch64 never had (its libc uses the *at forms): a rule naming one
@@ -360,6 +362,11 @@ def build_rules(
              code=errno.EOPNOTSUPP,
              why="blocks kept beyond a file's size escape RLIMIT_FSIZE: one call could fill the "
                  "disk; callers fall back to writing"),
+        deny("prlimit64", none_of(0, [0]),
+             why="another process's limits (pid 0 is the caller): without a PID namespace the "
+                 "kernel's process is in reach, and lowering its RLIMIT_NOFILE or raising its "
+                 "RLIMIT_CORE with a low RLIMIT_CPU would break it or dump its memory to disk; "
+                 "getrlimit and setrlimit pass pid 0"),
         deny("openat2", code=errno.ENOSYS,
              why="openat2 passes its mode in memory, where BPF cannot look; on ENOSYS programs "
                  "fall back to openat, whose mode the rule above inspects"),

@@ -78,3 +78,14 @@ def process_name() -> bytes:
 def set_process_name(name: bytes) -> None:
     buffer = ctypes.create_string_buffer(name[:15], 16)
     prctl(PR_SET_NAME, ctypes.byref(buffer))
+
+
+def no_core_dumps(*, for_good: bool) -> None:
+    """Write no core file of this process: a core holds its memory (a kernel's API keys) on
+    disk where a later sandbox may read it. `for_good` lowers the hard limit too, which this
+    process can then never raise again (the launcher's case; a kernel keeps its hard limit,
+    so its user may turn cores back on)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0 if for_good else hard))

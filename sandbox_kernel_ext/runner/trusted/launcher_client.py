@@ -24,6 +24,7 @@ __all__ = ["LauncherClient", "SpawnedChild", "LAUNCHER_ENV_NAMES"]
 
 # The launcher's whole environment: nothing of the Jupyter kernel's (API keys) may reach a fork.
 LAUNCHER_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
+START_TIMEOUT = 60.0  # for the launcher to say a child runs (it forks at once)
 
 # The launcher loads only the modules it runs: the packages above it become bare namespaces,
 # so their `__init__`s (pydantic, yaml, the file layer) stay out. Every fork copies the
@@ -86,9 +87,14 @@ class SpawnedChild:
             return False
         return True
 
-    def wait_started(self) -> None:
-        """Block until the child runs; raise SandboxError with the reason it could not."""
-        self.started.wait()
+    def wait_started(self, timeout: float = START_TIMEOUT) -> None:
+        """Block until the child runs; raise SandboxError with the reason it could not, or
+        when the launcher has not answered within `timeout` seconds (the child is killed
+        if it appears later)."""
+        if not self.started.wait(timeout):
+            self.kill()
+            raise SandboxError(f"the sandbox did not start within {timeout:g} s: the launcher "
+                               "did not answer (the host may be out of memory or processes)")
         if self.error is not None:
             raise SandboxError(f"the sandbox could not start: {self.error}")
 

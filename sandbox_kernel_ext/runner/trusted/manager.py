@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import logging
 import os
 import pickle
 import resource
@@ -34,6 +35,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ...policy.paths import is_within
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
+from ..linux.syscalls import no_core_dumps
 from ..wire import ChildPlan
 from .connect_broker import ConnectBroker
 from .control import CellEvents, ControlChannel, InputCallback
@@ -64,9 +66,12 @@ from .session import IdleWatch, PythonSession
 __all__ = ["SandboxManager", "OutputCallback", "StartCallback"]
 
 StartCallback = Callable[[ResourceMonitor], None]
+logger = logging.getLogger(__name__)
+
 EGRESS_LOG_LIMIT = 1000  # decisions kept per sandbox (counts are kept in full)
 DEFAULT_MAX_PAUSED = 600.0  # when the broker waits for ever: the most a run's clock stops
 _HANDOFF_TIMEOUT = 30.0  # for the child to hand over its proxy listener
+EXIT_GRACE = 10.0  # for a killed child's end to be reported
 
 
 @dataclass
@@ -145,6 +150,9 @@ class SandboxManager:
         self.child_uid = (
             (child_uid if child_uid is not None else default_child_uid()) if self._is_root else None
         )
+        # This process writes no core file (a child that could make it dump would find the
+        # kernel's memory on disk); its hard limit stays, for a user who wants cores back.
+        no_core_dumps(for_good=False)
         self._launcher = LauncherClient(self.child_uid)
         if self.child_uid == 0 and not user_namespaces():
             raise SandboxError("child_uid=0 needs user namespaces, which this host refuses: "
@@ -669,14 +677,18 @@ class SandboxManager:
         egress_before = dict(sandbox.proxy.counts) if sandbox.proxy is not None else {}
         watch_at = time.monotonic() + self.quick_run_seconds
         try:
+            # The monitor's own thread watches from here to the end, whatever the pump does:
+            # a child that closes its pipes at once, an input() or a display the caller is
+            # busy with, are all watched (its first look is at `watch_at`).
+            monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock,
+                          first_poll_at=watch_at)
             self._pump(child, streams, control, monitor, timeout, sandbox,
                        until=lambda: time.monotonic() >= watch_at, wake_at=watch_at)
-            if time.monotonic() >= watch_at:  # not a quick run: watch it from now on
-                monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock)
+            if time.monotonic() >= watch_at:  # not a quick run: gauges from now on
                 if on_start is not None:
                     on_start(monitor)
                 self._pump(child, streams, control, monitor, timeout, sandbox)
-            child.exited.wait()
+            self._await_exit(sandbox, child, monitor, timeout)
         except BaseException:
             self._breach(sandbox, child, "interrupted")
             child.exited.wait(timeout=10)
@@ -771,6 +783,20 @@ class SandboxManager:
         if sandbox.kill_reason is None:
             sandbox.kill_reason = reason
         child.kill()
+
+    def _await_exit(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
+                    timeout: float) -> None:
+        """Wait for the child once its pipes have ended: it may have closed them and run on,
+        so the timeout still holds (beside the monitor's), and a child that a kill does not
+        end within `EXIT_GRACE` seconds is given up on rather than waited for forever."""
+        while not child.exited.wait(0.25):
+            if sandbox.kill_reason is None and monitor.elapsed() >= timeout:
+                self._breach(sandbox, child, f"timeout after {timeout:g} s")
+            if sandbox.kill_reason is not None:
+                if not child.exited.wait(EXIT_GRACE):
+                    logger.warning("sandbox %s: its child did not end within %g s of a kill",
+                                   sandbox.sandbox_id, EXIT_GRACE)
+                return
 
     def _pump(self, child: SpawnedChild, streams: dict[int, OutputStream],
               control: ControlChannel | None, monitor: ResourceMonitor, timeout: float,

@@ -38,10 +38,10 @@ _MIB = 1024 * 1024
 # polls no more once stopped, so giving up here leaks nothing that outlives the process.
 _JOIN_TIMEOUT = 10.0
 _FIRST_POLL_DELAY = 0.05
-# A run or a cell that ends sooner is never polled (its usage is what the launcher and the
-# tree's CPU clock report at its end): starting the thread would cost a quick run a good part
-# of its time. The thread's own first poll comes no sooner anyway; memory has the
-# address-space rlimit as a backstop meanwhile.
+# A run or a cell that ends sooner is never sampled (its usage is what the launcher and the
+# tree's CPU clock report at its end) and shows no gauges; the monitor's thread is running
+# from its first instant all the same. Memory has the address-space rlimit as a backstop
+# until the first sample.
 QUICK_RUN_SECONDS = 0.05
 
 
@@ -79,6 +79,7 @@ class ResourceMonitor:
         self._thread: threading.Thread | None = None
         self._root: psutil.Process | None = None
         self._cpu_clock = -1
+        self._first_poll_at = 0.0
 
         # When the elapsed clock began (a `time.monotonic()` value): a run's timeout counts
         # from the call, its start included, and runs on while the thread waits to start.
@@ -110,13 +111,15 @@ class ResourceMonitor:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self, pid: int | None = None, *, started_at: float | None = None,
-              cpu_clock: int = -1) -> None:
+              cpu_clock: int = -1, first_poll_at: float | None = None) -> None:
         """Start polling; with `pid`, also sample that process and all its descendants
         (`cpu_clock`: the tree's CPU clock descriptor, which the caller keeps open).
 
         A pid that is already gone is not an error: the run may have ended first.
         `started_at` (a `time.monotonic()` value) is when the elapsed clock began, if
         earlier than now (a run's timeout counts from the call, spawning included).
+        `first_poll_at` (a `time.monotonic()` value): when the first sample is taken (by
+        default a moment after `started_at`).
         """
         with self._lock:
             if self._thread is not None:
@@ -130,6 +133,8 @@ class ResourceMonitor:
                     logger.warning("cannot monitor process %d: access denied", pid)
             self._cpu_clock = cpu_clock
             self._started_at = time.monotonic() if started_at is None else started_at
+            self._first_poll_at = (self._started_at + min(self._interval, _FIRST_POLL_DELAY)
+                                   if first_poll_at is None else first_poll_at)
             self._thread = threading.Thread(target=self._run, name=_THREAD_NAME, daemon=True)
         try:
             self._thread.start()
@@ -300,10 +305,10 @@ class ResourceMonitor:
 
     def _run(self) -> None:
         # The first sample waits a moment: a child's first milliseconds (its first output) are
-        # when the caller is busiest, and a scan of /proc then would only compete with it. A
-        # watch started that late (after `QUICK_RUN_SECONDS`) samples at once.
+        # when the caller is busiest, and a scan of /proc then would only compete with it; a
+        # run that ends sooner is never sampled (its usage is what its end reports).
         with self._lock:
-            first = self._started_at + min(self._interval, _FIRST_POLL_DELAY) - time.monotonic()
+            first = self._first_poll_at - time.monotonic()
         self._stop_event.wait(max(0.0, first))
         while not self._stop_event.is_set():
             try:

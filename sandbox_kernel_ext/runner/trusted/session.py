@@ -183,14 +183,17 @@ class PythonSession:
         started = time.monotonic()
         watching = []
 
-        def watch() -> None:  # once the cell is not a quick one
+        def watch() -> None:  # once the cell is not a quick one: its gauges
             if not watching:
                 watching.append(True)
-                monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock)
                 if on_start is not None:
                     on_start(monitor)
 
         try:
+            # Watched by the monitor's own thread from the first instant, whatever the pump
+            # is busy with (an input() or a display the caller renders).
+            monitor.start(child.pid, started_at=started, cpu_clock=child.cpu_clock,
+                          first_poll_at=started + manager.quick_run_seconds)
             self._control.send_command({"type": "run", "cell": number, "code": code,
                                         "inputs": packed, "outputs": outputs})
             self._pump(streams, monitor, timeout, events, watch,
@@ -210,8 +213,11 @@ class PythonSession:
             # Frames between cells find no cell (and the callers' objects are let go).
             self._control.events = CellEvents(session=self.session_id, cell=-1)
         self.cells_run += 1
-        if not events.done.is_set():
-            drain(streams)
+        # A breach ends the session even when the cell's end came first (the caller was still
+        # drawing a display or waiting on a person when the budget ran out).
+        if not events.done.is_set() or sandbox.kill_reason is not None:
+            if not events.done.is_set():
+                drain(streams)
             # Its channels ended without the cell's end: the process may still be running
             # (it closed them), so it is killed before the session is said to have ended.
             reason = (sandbox.kill_reason or monitor.exceeded()
