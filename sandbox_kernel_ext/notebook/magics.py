@@ -105,14 +105,13 @@ def publish(output: Any) -> None:
 
 def ask_person(prompt: str, password: bool) -> str:
     """`input()`/`getpass()` of a sandboxed cell, asked the way this kernel asks: the
-    notebook's stdin channel (ipykernel puts it behind `input`), or the terminal."""
+    notebook's stdin channel (ipykernel puts it behind `input`), or the terminal. The prompt
+    comes as the runner made it (`crossing_text.prompt_line`: one line, cleaned, after the
+    "[sandbox]" marker), and is asked as it is."""
     import getpass
 
     from IPython.core.error import StdinNotImplementedError
 
-    # Said to come from the sandbox: its code chooses the words (a "session expired, password:"
-    # would otherwise read as the kernel's or the server's own question).
-    prompt = f"[sandbox] {prompt}"
     try:
         return getpass.getpass(prompt) if password else input(prompt)
     except StdinNotImplementedError:

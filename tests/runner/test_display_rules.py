@@ -8,9 +8,10 @@ import re
 
 import pytest
 
+from sandbox_kernel_ext.runner.child.display import markdown_as_html
+from sandbox_kernel_ext.runner.trusted.crossing_text import display_text, stream_text
 from sandbox_kernel_ext.runner.trusted.display import (
-    clean_stream,
-    clean_text,
+    MARKDOWN_NOTE,
     inert_html,
     safe_bundle,
 )
@@ -59,19 +60,24 @@ def test_a_less_than_sign_in_css_cannot_end_the_style() -> None:
     "```mermaid\ngraph TD\n  A --> B\n```",
 ])
 def test_markdown_never_reaches_the_pages_renderer(markdown: str) -> None:
-    """Markdown becomes HTML here and crosses isolated: JupyterLab's renderer (MathJax math,
-    mermaid diagrams, raw HTML, links) never sees a sandbox's Markdown."""
+    """Markdown is made HTML inside the sandbox (`child/display.py`) and crosses isolated:
+    JupyterLab's renderer (MathJax math, mermaid diagrams, raw HTML, links) never sees a
+    sandbox's Markdown, and this side never renders it (no time bound): a bundle with
+    Markdown and no HTML shows as text, with a line saying why."""
     data, _ = safe_bundle({"text/markdown": markdown, "text/plain": "p"}, {})
+    assert data == {"text/plain": "p\n" + MARKDOWN_NOTE}
+    data, _ = safe_bundle(markdown_as_html({"text/markdown": markdown, "text/plain": "p"}), {})
     assert "text/markdown" not in data and data["text/plain"] == "p"
     assert data["text/html"].startswith('<iframe id="sandbox-frame-')
     body = data["text/html"].split("&lt;body&gt;", 1)[1].split("&lt;/body&gt;", 1)[0]
-    assert "javascript:" not in body
+    assert not re.search(r"(?:href|src)=&quot;\s*javascript:", body, re.IGNORECASE), body
     assert not re.search(r"target=&quot;(?!_blank&quot;)|&lt;meta|&lt;img[^&]*onerror|&lt;script",
                          body), body
 
 
 def test_markdown_renders_as_html_in_its_frame() -> None:
-    data, _ = safe_bundle({"text/markdown": "# Title\n\n**bold** and `code`\n\n|a|b|\n|-|-|\n|1|2|"}, {})
+    bundle = markdown_as_html({"text/markdown": "# Title\n\n**bold** and `code`\n\n|a|b|\n|-|-|\n|1|2|"})
+    data, _ = safe_bundle(bundle, {})
     inner = data["text/html"]
     assert "&lt;h1&gt;Title&lt;/h1&gt;" in inner and "&lt;strong&gt;bold&lt;/strong&gt;" in inner
     assert "&lt;table&gt;" in inner
@@ -97,8 +103,8 @@ def test_every_bundle_can_be_sent_as_a_kernel_message() -> None:
 
 def test_streams_keep_colours_and_lose_terminal_commands() -> None:
     text = "a\x1b[31mred\x1b[0m\x1b]52;c;c2VjcmV0\x07\x1b]0;title\x1b\\\r\x1b[2Jb\x07\x08c"
-    assert clean_stream(text) == "a\x1b[31mred\x1b[0m\rbc"
-    assert clean_text("\x1b[31mx\u202e") == "[31mx"
+    assert stream_text(text) == "a\x1b[31mred\x1b[0m\rbc"
+    assert display_text("\x1b[31mx\u202e") == "[31mx"
 
 
 def test_every_link_opens_nothing_from_the_frame() -> None:

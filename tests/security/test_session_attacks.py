@@ -133,7 +133,7 @@ def _shown(s: PythonSession, bundle: dict[str, Any]) -> dict[str, Any]:
 
 
 JS_MARKDOWN = {
-    # _markdown_is_inert runs before clean_text: the NUL hides "](" from the check and is
+    # _markdown_is_inert runs before display_text: the NUL hides "](" from the check and is
     # then removed, making the link.
     "nul-between-bracket-and-paren": "[click]\x00(javascript:alert(document.domain))",
     # A link reference definition inside a block quote or a list item is still a definition
@@ -142,7 +142,7 @@ JS_MARKDOWN = {
     "definition-in-list-item": "- [x]: javascript:alert(document.domain)\n\n[click][x]",
     # An escaped "]" in the label: [^\]]+ stops at it, so the definition is not seen.
     "escaped-bracket-in-label": "[a\\]b]: javascript:alert(document.domain)\n\n[click][a\\]b]",
-    # A NUL before the definition's "[" hides it, and clean_text removes the NUL.
+    # A NUL before the definition's "[" hides it, and display_text removes the NUL.
     "nul-before-definition": "\x00[x]: javascript:alert(document.domain)\n\n[click][x]",
 }
 
@@ -575,7 +575,7 @@ def test_input_prompt_is_cleaned_and_answers_reach_only_the_asker(
         later = s.run_cell("try:\n    n = input('again? ')\nexcept EOFError as e:\n"
                            "    n = 'EOF'", outputs=["n"])
         assert later.variables == {"n": "EOF"}
-    assert asked == [("[2K]0;titlewho? ", False)]
+    assert asked == [("[sandbox] who? ", False)]
 
 
 def _interrupt_when_ready(s: PythonSession, code: str) -> tuple[Any, list[int]]:

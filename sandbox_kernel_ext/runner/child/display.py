@@ -5,6 +5,10 @@ without loading IPython: objects become MIME bundles through their `_repr_*_` me
 `display`, `update_display`, `clear_output` (the builtins, and IPython's own functions once
 user code imports them) send frames to the trusted side instead of printing reprs. Nothing
 here is trusted: the trusted side checks and renders every frame (`trusted/display.py`).
+
+Markdown is made HTML here (`markdown_as_html`), not on the trusted side: the conversion has
+no time bound (mistune takes seconds on some inputs of a few hundred KB), and here its time
+is the sandbox's own, counted against the cell's budget, not the kernel's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "mime_bundle", "json_safe", "publish", "flush_figures"]
+try:
+    import mistune
+except ImportError:  # then Markdown crosses as it is, and the trusted side shows it as text
+    mistune = None
+
+__all__ = ["install", "mime_bundle", "json_safe", "markdown_as_html", "publish",
+           "flush_figures"]
 
 # `_repr_*_` methods in the order IPython's DisplayFormatter knows them.
 _REPR_METHODS = (
@@ -30,6 +40,14 @@ _REPR_METHODS = (
 )
 _BINARY = ("image/png", "image/jpeg", "application/pdf")
 _MAX_REPR_CHARS = 1 << 20
+
+# Markdown as HTML: tables and strike-through as GitHub's Markdown has them; no autolinks.
+# Made once, in the launcher that forks every child (this module is loaded there).
+_MARKDOWN = (mistune.create_markdown(escape=False, plugins=["table", "strikethrough"])
+             if mistune is not None else None)
+# HTML longer than this stays Markdown (shown as text): the frame would pass the trusted
+# side's cap for one display (8 MiB of JSON), which ends the session.
+_MAX_HTML_CHARS = 4 << 20
 
 _send: Callable[[dict[str, Any]], None] | None = None
 _flush_streams: Callable[[], None] = lambda: None
@@ -114,14 +132,34 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     return _text(value)
 
 
+def markdown_as_html(data: Any) -> Any:
+    """A bundle with its `text/markdown` made `text/html` (the trusted side renders no
+    Markdown: it rewrites this HTML and isolates it as any other). Unchanged if it has HTML
+    already, or no Markdown text, or the conversion fails or makes too much HTML: the
+    trusted side then shows the Markdown as text, with a line saying why."""
+    if (not isinstance(data, dict) or _MARKDOWN is None
+            or not isinstance(data.get("text/markdown"), str)
+            or isinstance(data.get("text/html"), str)):
+        return data
+    try:
+        markup = _MARKDOWN(data["text/markdown"])
+    except Exception:  # noqa: BLE001 - (RecursionError, MemoryError) the text still shows
+        return data
+    if not isinstance(markup, str) or len(markup) > _MAX_HTML_CHARS:
+        return data
+    converted = {mime: value for mime, value in data.items() if mime != "text/markdown"}
+    converted["text/html"] = markup
+    return converted
+
+
 def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, *,
             display_id: str | None = None, update: bool = False) -> None:
     """Send one display to the trusted side (after the text printed before it)."""
     if _send is None:
         return
     _flush_streams()
-    _send({"type": "display", "data": json_safe(data), "metadata": json_safe(metadata or {}),
-           "display_id": display_id, "update": update})
+    _send({"type": "display", "data": json_safe(markdown_as_html(data)),
+           "metadata": json_safe(metadata or {}), "display_id": display_id, "update": update})
 
 
 class DisplayHandle:

@@ -231,6 +231,7 @@ def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
         return
     namespace["_"] = value
     data, metadata = display.mime_bundle(value)
+    data = display.markdown_as_html(data)  # in the cell's time, not the kernel's
     _flush()
     inside.send_frame({"type": "result", "data": display.json_safe(data),
                        "metadata": display.json_safe(metadata)})

@@ -22,7 +22,8 @@ Parent -> child: {"type": "reply", "id": n, "ok": bool, "handle": h|null, "errno
                   "outputs": [names]}
 
 Only the output variables the caller named cross (`CellEvents.outputs`); any other name a
-frame carries is dropped. Displays are checked and made safe here (`display.py`).
+frame carries is dropped. Displays are checked and made safe here (`display.py`); the text of
+prompts and variables by `crossing_text.py`'s rules, before any callback or caller sees it.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire import MAX_VARIABLES_BYTES, decode_value
+from .crossing_text import prompt_line, variable_value
 from .display import (
     MAX_BUNDLE_BYTES,
     DisplayOutput,
     bundle_size,
     check_bundle,
-    clean_text,
     format_error,
     namespaced_display_id,
     safe_bundle,
@@ -67,7 +68,9 @@ _FRAME_CAPS = {"variables": MAX_VARIABLES_BYTES + MAX_FRAME_BYTES,
                "display": MAX_BUNDLE_BYTES + MAX_FRAME_BYTES,
                "result": MAX_BUNDLE_BYTES + MAX_FRAME_BYTES}
 _LINE_CAP = max(_FRAME_CAPS.values()) + 1024
-InputCallback = Callable[[str, bool], str]  # (prompt, password) -> the answer; EOFError: none
+# (prompt, password) -> the answer; EOFError: none. The prompt is one line, cleaned, after
+# the "[sandbox] " marker (`crossing_text.prompt_line`): show it as it is.
+InputCallback = Callable[[str, bool], str]
 
 
 class MalformedFrame(ValueError):
@@ -220,9 +223,10 @@ class ControlChannel:
 
     def _asked_for(self, values: dict[str, Any]) -> dict[str, Any]:
         """The values of the names the caller asked for; any other name is dropped here, so
-        a cell can never set a variable nobody asked it for."""
+        a cell can never set a variable nobody asked it for. Their strings are made
+        encodable here (`variable_value`), for every caller: the notebook, `run_python`."""
         try:
-            return {name: decode_value(value) for name, value in values.items()
+            return {name: variable_value(decode_value(value)) for name, value in values.items()
                     if name in self.events.outputs}
         except (ValueError, RecursionError, MemoryError) as exc:
             raise MalformedFrame(f"bad output variables: {type(exc).__name__}") from None
@@ -300,7 +304,7 @@ class ControlChannel:
             if on_input is None:
                 raise EOFError("input() has no one to answer it: this run has no input "
                                "callback (pass on_input to ask a person)")
-            value = on_input(clean_text(prompt, 4096), password)
+            value = on_input(prompt_line(prompt), password)
             if not isinstance(value, str):
                 raise EOFError("the answer to input() was not text")
             reply.update(ok=True, value=value)

@@ -13,15 +13,21 @@ format by format, what crosses and how it renders (the README has the table):
   origin (no cookies, no token, no parent DOM), under a Content-Security-Policy that lets only
   our own sizing script run and loads nothing from any network; `image/svg+xml` becomes an
   `<img>` of a data URL (an SVG image never runs script);
-- rendered here, then isolated: `text/markdown` becomes HTML on this side (mistune) and
-  crosses as isolated HTML: the page's own Markdown renderer would typeset its math (MathJax
-  styles load URLs and move text over the page) and draw its mermaid diagrams (CSS of their
-  own), and would render raw HTML and make links;
+- rendered inside the sandbox, then isolated: `text/markdown` is made HTML by the child
+  (`child/display.py`, mistune), in the sandbox's own time and budget, and crosses as
+  `text/html` above: the page's own Markdown renderer would typeset its math (MathJax styles
+  load URLs and move text over the page) and draw its mermaid diagrams (CSS of their own),
+  and would render raw HTML and make links. This side never renders Markdown: a display
+  with Markdown and no HTML (only a hostile child sends one) shows as text, with a line
+  saying why;
 - dropped: `text/latex` (MathJax again), `application/javascript`, every renderer-specific
   type (`application/vnd.*`: widgets, plotly, vega...) and anything else; the text/plain form
   still shows, and for a widget a line says why it is not live.
 
-Nothing here raises on hostile input except `ValueError` for a frame of the wrong shape.
+Each conversion here is linear in its input or runs under a time budget (`inert_html`), so
+no display holds the kernel's thread past it; a format that passes its budget shows as text,
+with a line saying why. Nothing here raises on hostile input except `ValueError` for a frame
+of the wrong shape. The text rules are `crossing_text.py`'s, shared with every channel.
 """
 
 from __future__ import annotations
@@ -38,11 +44,11 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
-import mistune
+from .crossing_text import display_text, line_text, valid_unicode
 
 __all__ = [
     "DisplayOutput", "MAX_BUNDLE_BYTES", "check_bundle", "safe_bundle", "format_error",
-    "clean_text", "clean_stream", "inert_html", "isolated_html", "bundle_size",
+    "inert_html", "isolated_html", "bundle_size",
     "namespaced_display_id",
 ]
 
@@ -52,20 +58,12 @@ MAX_TRACEBACK_FRAMES = 40
 _WIDGET = "application/vnd.jupyter.widget-view+json"
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
 _MIME = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*\Z")
-# Control characters but newline and tab: escape sequences could rewrite a terminal (or
-# its clipboard, through OSC 52) when terminal IPython prints the text.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-# Escape sequences: CSI, OSC/DCS/SOS/PM/APC strings (to BEL or ST), and two-character ones.
-_ESCAPE_SEQUENCE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?|\x9b[0-?]*[ -/]*[@-~]")
-_SGR = re.compile(r"\x1b\[[0-9;]*m")
-_STREAM_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]")
-# Markdown as HTML, made here: tables and strike-through as GitHub's Markdown has them; no
-# autolinks (a link is a click away from leaving anyway, and none opens from the frame).
-_MARKDOWN = mistune.create_markdown(escape=False, plugins=["table", "strikethrough"])
 WIDGET_NOTE = ("[sandbox] an ipywidget made inside the sandbox is not live here: widgets need "
                "a connection to the notebook page, which does not cross the sandbox")
+MARKDOWN_NOTE = ("[sandbox] Markdown shows as text here: a sandbox's Markdown is made HTML "
+                 "inside the sandbox, and this display came without its HTML")
+SLOW_HTML_NOTE = ("[sandbox] HTML too complex to check within its time budget shows as text "
+                  "(1 s, and 1 s more per MB)")
 
 # The one script an isolated frame may run: it tells the page how tall its content is. The
 # root element's own height (plus a horizontal scrollbar's, if any), not its scrollHeight:
@@ -89,28 +87,6 @@ class DisplayOutput:
     metadata: dict[str, Any] = field(default_factory=dict)
     display_id: str | None = None
     wait: bool = False
-
-
-def clean_text(value: Any, limit: int = 1 << 20) -> str:
-    """Text from a sandbox, safe to show anywhere: no control characters but newline and tab,
-    no bidi overrides, no lone surrogates (JSON can carry them; no message encoder can), at
-    most `limit` characters."""
-    text = _valid_unicode(value if isinstance(value, str) else str(value))
-    text = _CONTROL.sub("", text)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _valid_unicode(text: str) -> str:
-    return _SURROGATE.sub("\ufffd", text)
-
-
-def clean_stream(text: str) -> str:
-    """A sandbox's stdout/stderr text as a terminal or a notebook may show it: colours
-    (SGR sequences) and carriage returns kept, every other escape sequence and control
-    character removed (a title, the clipboard through OSC 52, the cursor)."""
-    text = _ESCAPE_SEQUENCE.sub(lambda m: m.group(0) if _SGR.fullmatch(m.group(0)) else "",
-                                _valid_unicode(text))
-    return _STREAM_CONTROL.sub("", text)
 
 
 def check_bundle(data: Any, metadata: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -238,7 +214,7 @@ def inert_html(markup: str) -> str | None:
     kernel's thread (Python's parser takes quadratic time on unclosed tags)."""
     parser = _InertHTML(time.monotonic() + 1.0 + len(markup) / 1e6)
     try:
-        parser.feed(_valid_unicode(markup))
+        parser.feed(valid_unicode(markup))
         parser.close()
     except _TooSlow:
         return None
@@ -285,7 +261,7 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
     """The bundle that may cross into the notebook page (see the module's docstring)."""
     out: dict[str, Any] = {}
     meta: dict[str, Any] = {}
-    plain = clean_text(data.get("text/plain", "")) if isinstance(data.get("text/plain"), str) else ""
+    plain = display_text(data["text/plain"]) if isinstance(data.get("text/plain"), str) else ""
     for mime in _IMAGES:
         value = data.get(mime)
         if isinstance(value, str) and (image := _base64_image(value)) is not None:
@@ -295,27 +271,35 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
     if isinstance(data.get("application/json"), (dict, list)):
         try:
             # No NaN or infinity: the kernel's message encoder refuses them.
-            out["application/json"] = json.loads(_valid_unicode(json.dumps(
+            out["application/json"] = json.loads(valid_unicode(json.dumps(
                 data["application/json"], ensure_ascii=False, allow_nan=False)))
         except (TypeError, ValueError, RecursionError):
             pass
-    markup = data.get("text/html")
-    if not isinstance(markup, str) and isinstance(data.get("text/markdown"), str):
-        markup = _MARKDOWN(clean_text(data["text/markdown"]))
+    notes: list[str] = []
+    markup, markdown = data.get("text/html"), data.get("text/markdown")
+    if isinstance(markup, str):
+        inert = inert_html(markup)
+        if inert is not None:
+            out["text/html"] = isolated_html(inert)
+        else:
+            notes.append(SLOW_HTML_NOTE)
+            plain = plain or display_text(markup)
+    elif isinstance(markdown, str):
+        # Never rendered here (only a hostile child sends Markdown without its HTML): the
+        # conversion has no time budget, and the sandbox's time is not the kernel's.
+        notes.append(MARKDOWN_NOTE)
+        plain = plain or display_text(markdown)
     svg = data.get("image/svg+xml")
-    svg = _valid_unicode(svg) if isinstance(svg, str) else None
-    inert = inert_html(markup) if isinstance(markup, str) else None
-    if inert is not None:
-        out["text/html"] = isolated_html(inert)
-    elif svg is not None:
-        source = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    if "text/html" not in out and isinstance(svg, str):
+        source = base64.b64encode(valid_unicode(svg).encode("utf-8")).decode("ascii")
         out["text/html"] = (f"<img alt=\"SVG from a sandboxed cell\" "
                             f"src=\"data:image/svg+xml;base64,{source}\">")
     if _WIDGET in data:
-        plain = (plain + "\n" if plain else "") + WIDGET_NOTE
+        notes.append(WIDGET_NOTE)
+    plain = "\n".join(part for part in (plain, *notes) if part)
     if not plain and not out:
         dropped = ", ".join(sorted(str(m) for m in data)[:8]) or "nothing"
-        plain = f"[sandbox] a display in a format not shown here ({clean_text(dropped, 200)})"
+        plain = f"[sandbox] a display in a format not shown here ({line_text(dropped)})"
     out["text/plain"] = plain
     return out, meta
 
@@ -347,8 +331,8 @@ def format_error(error: Any) -> tuple[str, str, list[str]]:
     piece of text is the sandbox's and is cleaned; the layout and colours are ours."""
     if not isinstance(error, dict):
         raise ValueError("an error report must be an object")
-    ename = clean_text(error.get("ename", "Error"), 200) or "Error"
-    evalue = clean_text(error.get("evalue", ""), 10_000)
+    ename = line_text(error.get("ename", "Error")) or "Error"
+    evalue = display_text(error.get("evalue", ""), 10_000)
     frames = error.get("frames")
     if not isinstance(frames, list):
         raise ValueError("an error report needs a list of frames")
@@ -366,13 +350,13 @@ def _format_frame(frame: dict[str, Any]) -> str:
     lineno = frame.get("lineno")
     lineno = lineno if isinstance(lineno, int) and not isinstance(lineno, bool) else 0
     cell = frame.get("cell")
-    name = clean_text(frame.get("name") or "", 200)
+    name = line_text(frame.get("name") or "")
     if isinstance(cell, int) and not isinstance(cell, bool):
         head = f"Cell {_GREEN}In[{cell}], line {lineno}{_RESET}"
         if name and name != "<module>":
             head += f", in {_CYAN}{name}(){_RESET}"
     else:
-        head = (f"File {_GREEN}{clean_text(frame.get('filename', '?'), 500)}:{lineno}{_RESET}"
+        head = (f"File {_GREEN}{line_text(frame.get('filename', '?'), 500)}:{lineno}{_RESET}"
                 + (f", in {_CYAN}{name}{_RESET}" if name else ""))
     body = []
     source = frame.get("lines")
@@ -382,5 +366,5 @@ def _format_frame(frame: dict[str, Any]) -> str:
             continue
         number, text = entry
         marker = f"{_GREEN}----> {number}{_RESET}" if number == lineno else f"      {number}"
-        body.append(f"{marker} {clean_text(text, 500)}")
+        body.append(f"{marker} {display_text(text, 500)}")
     return "\n".join([head, *body]) + "\n"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..wire import ChildPlan
-from .display import clean_stream
+from .crossing_text import stream_text
 
 if TYPE_CHECKING:
     from .control import ControlChannel
@@ -29,7 +29,7 @@ _READ_CHUNK = 65536
 class OutputStream:
     """One output pipe: keeps at most `cap` bytes, counts the rest, decodes for callbacks.
     The text it gives is a sandbox's: escape sequences but colours and control characters
-    but newlines, tabs and carriage returns are removed (`display.clean_stream`)."""
+    but newlines, tabs and carriage returns are removed (`crossing_text.stream_text`)."""
 
     def __init__(self, name: str, cap: int, callback: OutputCallback | None) -> None:
         self.name, self.cap, self.callback = name, cap, callback
@@ -43,7 +43,7 @@ class OutputStream:
         if kept:
             self.kept += kept
             if self.callback is not None:
-                self.callback(self.name, clean_stream(self._decoder.decode(kept)))
+                self.callback(self.name, stream_text(self._decoder.decode(kept)))
         if extra:
             if self.dropped == 0 and self.callback is not None:
                 self.callback(self.name, self._decoder.decode(b"", final=True)
@@ -51,7 +51,7 @@ class OutputStream:
             self.dropped += len(extra)
 
     def text(self) -> str:
-        text = clean_stream(self.kept.decode("utf-8", errors="replace"))
+        text = stream_text(self.kept.decode("utf-8", errors="replace"))
         if self.dropped:
             text += f"\n[sandbox] {self.dropped} more bytes of {self.name} dropped (cap {self.cap} bytes)\n"
         return text
