@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,29 @@ def test_invalid_paths_are_denied(path: object) -> None:
 def test_pathlike_is_accepted() -> None:
     config = FilesystemConfig(mode=RW, writable_paths=["/tmp/work"])
     assert validate_path_access(Path("/tmp/work/a"), "write", config)
+
+
+def test_never_read_paths_win_over_every_grant(tmp_path: Path) -> None:
+    data = Path(os.path.realpath(tmp_path)) / "data"
+    (data / "keys").mkdir(parents=True)
+    stores = [str(data / "keys")]
+    policy = FilesystemPolicy(FilesystemConfig(mode=RW, writable_paths=[str(data)],
+                                               never_read_paths=stores))
+    assert policy.can_read(data / "a.csv") and policy.can_write(data / "a.csv")
+    assert not policy.can_read(data / "keys" / "k") and not policy.can_write(data / "keys" / "k")
+    assert not policy.can_read(data / "keys")
+    assert policy.deny_reason(data / "keys" / "k", "read") == (
+        f"{data}/keys/k is in never_read_paths ({data}/keys): no sandbox reads it")
+    (data / "alias").symlink_to(data / "keys")  # reached through a link: judged by its target
+    assert not policy.can_read(data / "alias" / "k")
+    everywhere = FilesystemPolicy(FilesystemConfig(never_read_paths=stores))
+    assert everywhere.can_read("/etc/hosts") and not everywhere.can_read(data / "keys" / "k")
+    named = FilesystemPolicy(FilesystemConfig(readable_paths=stores, never_read_paths=stores))
+    assert not named.can_read(data / "keys" / "k")  # naming it readable changes nothing
+
+
+def test_a_home_relative_never_read_path_is_beneath_every_home() -> None:
+    home = os.path.realpath(os.path.expanduser("~"))
+    policy = FilesystemPolicy(FilesystemConfig(never_read_paths=["~/.config/acme"]))
+    assert not policy.can_read(f"{home}/.config/acme/token")
+    assert policy.can_read(f"{home}/.config/acme-other/token")

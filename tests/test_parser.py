@@ -233,6 +233,52 @@ def test_bad_path_name_is_caught_at_parse_time() -> None:
     assert "../up" in str(error)
 
 
+def test_never_read_paths_are_read_and_normalised() -> None:
+    text = ("filesystem_config:\n  readable_paths: null\n  never_read_paths:\n"
+            "    - ~/.config/acme/\n    - /srv/keys//token\n    - '~'\n")
+    config = CapabilityParser.from_string(text).filesystem_config
+    assert config.never_read_paths == ["~/.config/acme", "/srv/keys/token", "~"]
+    empty = CapabilityParser.from_string("filesystem_config:\n  never_read_paths:\n")
+    assert empty.filesystem_config.never_read_paths == []
+    assert CapabilityDeclaration().filesystem_config.never_read_paths == []
+
+
+@pytest.mark.parametrize(
+    ("value", "index", "message"),
+    [
+        ("~/.netrc", None, "never_read_paths must be a list of paths, like [~/.config/acme/token"),
+        ("{a: /x}", None, "must be a list of paths, like [~/.config/acme/token, /srv/keys], "
+                          "not a mapping"),
+        ("[/srv/keys, keys/token]", 1, "never_read_paths entry 'keys/token' is relative; "
+                                       "write an absolute path"),
+        ("[~bob/.netrc]", 0, "names one user's home; write ~/... for the path beneath every "
+                             "home folder, or the absolute path"),
+        ("[42]", 0, "must be a path written as text, not a number (42); quote it"),
+        ("[yes]", 0, "must be a path written as text, not true or false"),
+        ("[[/a]]", 0, "must be a path written as text, not a list"),
+        ("['']", 0, "is blank"),
+        ("[/srv/../etc/shadow]", 0, "has a '..' part; write the path it means without it"),
+        ("[/]", 0, "'/' would hide everything; list the stores themselves"),
+    ],
+)
+def test_bad_never_read_paths_name_the_field_and_the_way_forward(
+    value: str, index: int | None, message: str
+) -> None:
+    error = parse_error(f"filesystem_config:\n  mode: read_only\n  never_read_paths: {value}\n")
+    field = "filesystem_config.never_read_paths" + ("" if index is None else f"[{index}]")
+    assert (error.line, error.field) == (3, field)
+    assert message in str(error)
+
+
+def test_never_read_paths_are_checked_when_built_in_python_too() -> None:
+    from sandbox_kernel_ext.policy.models import FilesystemConfig
+
+    with pytest.raises(ValueError, match="must be a list of paths"):
+        FilesystemConfig(never_read_paths="/srv/keys")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is relative"):
+        FilesystemConfig(never_read_paths=["keys"])
+
+
 def test_several_errors_report_the_first_line_and_mention_the_rest() -> None:
     text = "sandbox_tier: bogus\nresource_limits:\n  max_tokens: 0\n"
     error = parse_error(text)
@@ -381,7 +427,7 @@ FIELD_NAMES = sorted(
     {
         *CapabilityDeclaration.model_fields,
         "domain", "ports", "rate_limit_per_min", "private_networks",
-        "mode", "writable_paths", "readable_paths",
+        "mode", "writable_paths", "readable_paths", "never_read_paths",
         "max_memory_mb", "max_cpu_seconds", "max_cost_usd", "max_tokens",
         "root", "suffixes", "max_file_bytes", "write_approval", "read_approval", "readonly",
         "max_read_bytes", "backend", "deny_symlinks",

@@ -196,8 +196,8 @@ class FileSystemToolset:
                 else:
                     try:
                         root = self._sandbox.host_root(vp)  # resolved when it was read
-                        backend = HostBackend(open_root(root), hidden=never_read_inside(root),
-                                              deny_symlinks=self.limits.deny_symlinks)
+                        backend = HostBackend(open_root(root), deny_symlinks=self.limits.deny_symlinks,
+                                              hidden=never_read_inside(root, self._sandbox.never_read))
                     except OSError:
                         raise PathNotFoundError(str(vp.at(())), "is a root whose folder is missing or not a folder") from None
                 self._backends[key] = backend

@@ -14,7 +14,9 @@ actually confines a sandboxed process.
 An empty `writable_paths` in `read_write` mode means writes are allowed everywhere: that
 is the seed's meaning, kept for compatibility; policies should list their paths. With
 `readable_paths` set, only explicitly listed writable paths are added to the reads, not
-"everywhere".
+"everywhere". Whatever the mode, nothing in `never_read_paths` is read or written: those
+stores win over the paths above (the built-in credential list is the runner's and the
+toolset's to apply; this answer knows only the policy's own).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
+from .credential_stores import store_paths
 from .models import FilesystemConfig, FilesystemMode
 
 __all__ = ["FilesystemPolicy", "validate_path_access"]
@@ -71,6 +74,8 @@ class FilesystemPolicy:
         self._writable = [_Root(path) for path in config.writable_paths]
         readable = config.readable_paths
         self._readable = None if readable is None else [_Root(p) for p in readable]
+        # by name, the folders above resolved: a link at a store's name denies not its target
+        self._stores = [(p, _components(p)) for p in store_paths(config.never_read_paths)]
 
     @property
     def config(self) -> FilesystemConfig:
@@ -100,10 +105,15 @@ class FilesystemPolicy:
         except (TypeError, ValueError) as exc:  # wrong type, NUL byte
             return f"invalid path {path!r}: {exc}"
 
+        lexical_parts, real_parts = _components(lexical), _components(real)
+        store = next((shown for shown, parts in self._stores
+                      if _within(lexical_parts, parts) or _within(real_parts, parts)), None)
+        if store is not None:
+            target = lexical if lexical == real else f"{lexical} (resolves to {real})"
+            return f"{target} is in never_read_paths ({store}): no sandbox reads it"
         roots = self._roots_for(mode)
         if roots is None:
             return None
-        lexical_parts, real_parts = _components(lexical), _components(real)
         if any(root.contains(lexical_parts, real_parts) for root in roots):
             return None
         kind = "writable" if mode == "write" else "readable"

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from .credential_stores import check_store_entry
 from .file_limits import FileLimits
 from .path_config import PathConfig, RootSandboxConfig, SandboxConfig, check_root_names
 
@@ -125,16 +127,35 @@ class NetworkEgressRule(_Model):
         return self
 
 
+def _store_list(value: Any) -> Any:
+    """`never_read_paths` as a list, or why not (an empty key, `null`, is no stores)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, dict)) or not isinstance(value, (list, tuple)):
+        kind = {str: "single string", dict: "mapping"}.get(type(value), type(value).__name__)
+        raise ValueError(f"never_read_paths must be a list of paths, like "
+                         f"[~/.config/acme/token, /srv/keys], not a {kind}")
+    return value
+
+
+_StoreEntry = Annotated[str, BeforeValidator(check_store_entry)]
+
+
 class FilesystemConfig(_Model):
     """Host paths the sandboxed process may read and write.
 
     `readable_paths=None` keeps the seed's meaning (reads everywhere the mode allows;
     the runner still withholds credential stores). A list limits reads to those paths.
+    `never_read_paths`: this policy's own credential stores, added to the built-in list for
+    its sandboxes and its file toolset (an absolute path, or `~/` and a path for that path
+    beneath every home folder); they win over `readable_paths` and `writable_paths`.
     """
 
     mode: FilesystemMode = FilesystemMode.read_only
     writable_paths: list[str] = Field(default_factory=list)
     readable_paths: list[str] | None = None
+    never_read_paths: Annotated[list[_StoreEntry], BeforeValidator(_store_list)] = Field(
+        default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> FilesystemConfig:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .credential_stores import policy_stores
 from .egress import EgressFilter, MalformedTargetError, parse_authority
 from .errors import SandboxPermissionEscalationError
 from .models import (
@@ -224,7 +225,18 @@ class _Ceiling:
         self.writable = [_real(p, base) for p in config.writable_paths] if (
             config.mode is FilesystemMode.read_write) else []
         self.denied = sorted({os.path.realpath(p) for p in denied})
+        self.own = policy_stores(ceiling)  # `never_read_paths`: win over every grant
+        self.never_read_paths = list(config.never_read_paths)
         self.table = _table_roots(ceiling)
+
+    def in_own_store(self, path: str) -> str | None:
+        """Why naming `path` is refused when it is or lies in one of the ceiling's own
+        stores (`never_read_paths`): the cell would be granted nothing."""
+        store = next((store for store in self.own if is_within(path, store)), None)
+        if store is None:
+            return None
+        return (f"it lies in {store}, which the session policy's never_read_paths keeps from "
+                "every sandbox")
 
     def table_root(self, path: str) -> _TableRoot | None:
         return next((root for root in self.table if is_within(path, root.host)), None)
@@ -242,7 +254,7 @@ class _Ceiling:
 
     def fs_readable(self, path: str) -> str | None:
         """None when `path` is readable; else why not."""
-        held = self.holds_gated(path, write=False)
+        held = self.holds_gated(path, write=False) or self.in_own_store(path)
         if held is not None:
             return held
         if any(is_within(path, p) for p in [*self.readable, *self.writable]):
@@ -256,7 +268,7 @@ class _Ceiling:
         return "it is outside what the session policy lets a sandbox read" + self._listing()
 
     def fs_writable(self, path: str) -> str | None:
-        held = self.holds_gated(path, write=True)
+        held = self.holds_gated(path, write=True) or self.in_own_store(path)
         if held is not None:
             return held
         if any(is_within(path, p) for p in self.writable):
@@ -323,6 +335,7 @@ def _narrow_paths(
         mode=FilesystemMode.read_write if write else FilesystemMode.read_only,
         writable_paths=write,
         readable_paths=read,
+        never_read_paths=limits.never_read_paths,  # the ceiling's own stores stay its cells'
     )
     return {"filesystem_config": filesystem, "root": None, "paths": _gated_table(gated)}
 

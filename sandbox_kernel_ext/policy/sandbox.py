@@ -25,7 +25,7 @@ from .errors import (
     SuffixNotAllowedError,
 )
 from .path_config import PathConfig, SandboxConfig
-from .credential_stores import store_link_refusal
+from .credential_stores import policy_stores, store_link_refusal
 from .paths import is_within
 
 if TYPE_CHECKING:
@@ -97,9 +97,14 @@ class _Grant:
 class Sandbox:
     """Security boundary for virtual paths: resolution, permissions, suffixes, sizes."""
 
-    def __init__(self, config: SandboxConfig, base_path: Path | None = None) -> None:
+    def __init__(self, config: SandboxConfig, base_path: Path | None = None, *,
+                 never_read: Iterable[str] = ()) -> None:
+        """`never_read`: the policy's own credential stores as absolute paths
+        (`credential_stores.policy_stores`), hidden in every root besides the built-in list,
+        even a root that is one or lies in one."""
         self.config = config
         self.base_path = Path(base_path) if base_path is not None else Path.cwd()
+        self.never_read = tuple(never_read)
         self._grant: _Grant | None = None
         if config.root is not None:
             rc = config.root
@@ -135,7 +140,7 @@ class Sandbox:
             raise ConfigurationError(
                 "this policy has no 'paths' or 'root' table, so it grants the file tools nothing"
             )
-        return cls(config, policy.base_path)
+        return cls(config, policy.base_path, never_read=policy_stores(policy))
 
     def _host(self, root: str) -> str:
         """The root's real folder, resolved once, here. One reached only through a symlink
@@ -379,6 +384,7 @@ class Sandbox:
         child = object.__new__(Sandbox)
         child.config = self.config
         child.base_path = self.base_path
+        child.never_read = self.never_read
         child._multi = self._multi
         child._roots = self._roots
         hosts = {

@@ -1,7 +1,12 @@
 """A "read everywhere" sandbox reads none of the credential stores real tools keep in a home
 folder (issue 13, section 1): every entry of the built-in list is planted, world-readable, in
-a fresh home under /home, and a confined child tries to read it. The home's other files stay
-readable (the control that shows a denial is the list's doing, not the file's mode).
+a fresh home under /home, and a confined child tries to read it, as does the file toolset. The
+home's other files stay readable (the control that shows a denial is the list's doing, not the
+file's mode).
+
+A site adds stores for every sandbox (`SANDBOX_KERNEL_EXT_NEVER_READ_PATHS`), a policy for its
+own (`filesystem_config.never_read_paths`): a file listed only there is read before (the
+control) and hidden after, by a child and by the toolset alike.
 
 Where the child has a mount namespace, a denied folder is an empty tmpfs to it and a denied file
 is /dev/null (a read finds nothing); elsewhere Landlock refuses the open."""
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +26,13 @@ import pytest
 from sandbox_kernel_ext import (
     CapabilityDeclaration,
     FilesystemConfig,
+    FileSystemToolset,
     SandboxManager,
     SandboxResult,
 )
+from sandbox_kernel_ext.policy.credential_stores import NEVER_READ_ENV
+from sandbox_kernel_ext.policy.errors import ConfigurationError, SandboxError
+from sandbox_kernel_ext.policy.narrowing import Narrowing, NarrowingError, narrow
 from sandbox_kernel_ext.runner.trusted.host_reads import HOME_CREDENTIAL_PATHS
 from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
 
@@ -58,7 +68,17 @@ MUST_BE_DENIED = (
     ".comet.config", "clearml.conf", ".config/dvc/config", ".local/share/opencode/auth.json",
     ".continue/config.json", ".Xauthority", ".ICEauthority", ".duckdb_history",
     ".local/share/atuin/history.db", ".viminfo",
+    # found by an attack corpus: where real tools document that they keep a secret
+    ".subversion/auth/svn.simple/5f1e4f9a0c1b2d3e4f5a6b7c8d9e0f1a", ".subversion/servers",
+    ".hgrc", ".config/hg/hgrc", ".dbt/profiles.yml", ".config/code-server/config.yaml",
+    ".ollama/id_ed25519", ".ollama/history", ".local/state/nvim/shada/main.shada",
+    ".local/share/nvim/shada/main.shada", ".config/fish/fish_variables",
+    ".wrangler/config/default.toml", ".config/.wrangler/config/default.toml",
+    ".supabase/access-token", ".aider.conf.yml", ".aider/oauth-keys.env", ".env",
 )
+# Files beside the stores that stay readable: the controls. Ollama's models sit next to its
+# key, which is denied alone so that they do not go with it.
+CONTROLS = {"notes.txt": "public notes\n", ".ollama/models/blobs/sha256-0": "model weights\n"}
 
 
 @pytest.fixture
@@ -74,7 +94,9 @@ def planted_home() -> Iterator[Path]:
             if path.exists():  # a folder another entry already planted a file in
                 continue
             path.write_text(f"SECRET {entry}\n")
-        (home / "notes.txt").write_text("public notes\n")
+        for name, text in CONTROLS.items():
+            (home / name).parent.mkdir(parents=True, exist_ok=True)
+            (home / name).write_text(text)
         for root, dirs, files in os.walk(home):
             os.chmod(root, 0o755)
             for name in files:
@@ -118,8 +140,8 @@ def test_every_credential_store_is_unreadable_when_reading_everywhere(
     result = _read_in_a_sandbox(manager, None, _planted(planted_home))
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
-    control = str(planted_home / "notes.txt")
-    assert seen.pop(control) == "public notes\n"
+    for name, text in CONTROLS.items():
+        assert seen.pop(str(planted_home / name)) == text
     leaked = {path: text for path, text in seen.items() if text.startswith("SECRET")}
     assert leaked == {}
     assert set(seen.values()) <= DENIED_OUTCOMES, set(seen.values())
@@ -241,3 +263,172 @@ print(out)
     finally:
         manager.destroy(sid)
     assert result.stdout.strip() == "[]", result
+
+
+def _toolset(root: Path, never_read_paths: list[str] | None = None) -> FileSystemToolset:
+    """The file toolset of a policy whose path table has the one root `h` at `root`."""
+    config = {} if never_read_paths is None else {"never_read_paths": never_read_paths}
+    return FileSystemToolset.from_policy(CapabilityDeclaration.model_validate({
+        "filesystem_config": config,
+        "paths": {"h": {"root": str(root), "mode": "rw", "write_approval": False}}}))
+
+
+def _toolset_reads(tools: FileSystemToolset, paths: list[str]) -> dict[str, str]:
+    """Each virtual path's text, or the name of the error reading it raised."""
+    seen = {}
+    for path in paths:
+        try:
+            seen[path] = tools.read(path).content
+        except Exception as exc:  # noqa: BLE001 - any refusal counts; its text is checked
+            assert "SECRET" not in str(exc)
+            seen[path] = type(exc).__name__
+    return seen
+
+
+def test_every_credential_store_is_refused_by_the_file_toolset(planted_home: Path) -> None:
+    """The same list, the other way in: a path table root at the home."""
+    planted = [os.path.relpath(path, planted_home) for path in _planted(planted_home)]
+    with _toolset(planted_home) as tools:
+        seen = _toolset_reads(tools, [f"/h/{name}" for name in planted])
+    for name, text in CONTROLS.items():
+        assert seen.pop(f"/h/{name}") == text
+    assert {path: text for path, text in seen.items() if text.startswith("SECRET")} == {}
+
+
+@pytest.fixture
+def own_stores(planted_home: Path, shared_dir: Path) -> tuple[Path, Path]:
+    """A store on no built-in list in the home (a tool's token beneath .config, which is not
+    denied whole) and one outside every home, both world-readable."""
+    token = planted_home / ".config" / "acme-cli" / "token"
+    token.parent.mkdir(parents=True)
+    vault = shared_dir / "vault" / "key.txt"
+    vault.parent.mkdir()
+    for path in (token, vault):
+        path.write_text(f"SECRET {path.name}\n")
+        path.chmod(0o644)
+        path.parent.chmod(0o755)
+    return token, vault
+
+
+def _own_policy(readable: list[str] | None, never_read_paths: list[str] | None = None
+                ) -> CapabilityDeclaration:
+    config: dict[str, object] = {"mode": "read_only", "readable_paths": readable}
+    if never_read_paths is not None:
+        config["never_read_paths"] = never_read_paths
+    return CapabilityDeclaration.model_validate({"filesystem_config": config})
+
+
+def _run_reads(manager: SandboxManager, policy: CapabilityDeclaration,
+               paths: list[Path]) -> dict[str, str]:
+    sid = manager.create_sandbox(policy)
+    try:
+        result = manager.run_python(sid, f"paths = {[str(p) for p in paths]!r}\n" + CODE)
+    finally:
+        manager.destroy(sid)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("readable", ["everywhere", "the home and the vault"])
+def test_a_policys_never_read_paths_are_hidden_from_its_sandboxes(
+    manager: SandboxManager, planted_home: Path, own_stores: tuple[Path, Path], readable: str
+) -> None:
+    token, vault = own_stores
+    notes = planted_home / "notes.txt"
+    grants = None if readable == "everywhere" else [str(planted_home), str(vault.parent)]
+    before = _run_reads(manager, _own_policy(grants), [token, vault, notes])
+    assert before == {str(token): "SECRET token\n", str(vault): "SECRET key.txt\n",
+                      str(notes): "public notes\n"}  # the control: only the field hides them
+    stores = ["~/.config/acme-cli", str(vault)]
+    after = _run_reads(manager, _own_policy(grants, stores), [token, vault, notes])
+    assert after.pop(str(notes)) == "public notes\n"
+    assert set(after.values()) <= DENIED_OUTCOMES, after
+
+
+def test_a_never_read_path_wins_over_a_grant_of_it(
+    manager: SandboxManager, planted_home: Path, own_stores: tuple[Path, Path]
+) -> None:
+    """Named as readable (the store itself, and a folder inside it) and as never read: never
+    read. A built-in store named readable is granted; listed in the field too, it is not."""
+    token, vault = own_stores
+    ipython = planted_home / ".ipython" / "profile_default" / "history.sqlite"
+    grants = [str(token.parent), str(vault.parent), str(planted_home / ".ipython"),
+              str(planted_home / "notes.txt")]
+    stores = ["~/.config/acme-cli", str(vault.parent), "~/.ipython"]
+    seen = _run_reads(manager, _own_policy(grants, stores), [token, vault, ipython])
+    assert set(seen.values()) <= DENIED_OUTCOMES, seen
+    granted = _run_reads(manager, _own_policy(grants), [token, ipython])  # the control
+    assert granted[str(ipython)].startswith("SECRET"), granted
+
+
+def test_the_toolset_refuses_a_policys_never_read_paths(
+    planted_home: Path, own_stores: tuple[Path, Path]
+) -> None:
+    token, _ = own_stores
+    wanted = ["/h/.config/acme-cli/token", "/h/notes.txt"]
+    with _toolset(planted_home) as tools:  # the control
+        assert _toolset_reads(tools, wanted) == {wanted[0]: "SECRET token\n",
+                                                 wanted[1]: "public notes\n"}
+    with _toolset(planted_home, ["~/.config/acme-cli"]) as tools:
+        seen = _toolset_reads(tools, wanted)
+        assert seen.pop(wanted[1]) == "public notes\n"
+        assert not seen[wanted[0]].startswith("SECRET"), seen
+        with pytest.raises(Exception):
+            tools.write("/h/.config/acme-cli/token", "overwritten\n")
+    # a root that is such a store serves nothing: the store wins over the table
+    with _toolset(token.parent, ["~/.config/acme-cli"]) as tools:
+        assert not _toolset_reads(tools, ["/h/token"])["/h/token"].startswith("SECRET")
+    assert token.read_text() == "SECRET token\n"
+
+
+def test_the_site_setting_hides_its_stores_from_every_sandbox_and_toolset(
+    manager: SandboxManager, planted_home: Path, own_stores: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, vault = own_stores
+    notes = planted_home / "notes.txt"
+    policy = _own_policy(None)
+    monkeypatch.delenv(NEVER_READ_ENV, raising=False)
+    assert _run_reads(manager, policy, [token, vault])[str(vault)] == "SECRET key.txt\n"
+    monkeypatch.setenv(NEVER_READ_ENV, f"~/.config/acme-cli{os.pathsep}{vault}")
+    seen = _run_reads(manager, policy, [token, vault, notes])
+    assert seen.pop(str(notes)) == "public notes\n"
+    assert set(seen.values()) <= DENIED_OUTCOMES, seen
+    with _toolset(planted_home) as tools:
+        seen = _toolset_reads(tools, ["/h/.config/acme-cli/token", "/h/notes.txt"])
+    assert not seen["/h/.config/acme-cli/token"].startswith("SECRET"), seen
+    assert seen["/h/notes.txt"] == "public notes\n"
+    with _toolset(vault.parent.parent) as tools:
+        assert not _toolset_reads(tools, ["/h/vault/key.txt"])["/h/vault/key.txt"].startswith(
+            "SECRET")
+
+
+@pytest.mark.parametrize("value,why", [
+    ("relative/token", "is relative"), ("~bob/.token", "names one user's home"),
+    ("/srv/../etc/shadow", "'..'"), ("/", "would hide everything"),
+])
+def test_a_bad_site_setting_refuses_to_run_and_says_which_variable(
+    manager: SandboxManager, monkeypatch: pytest.MonkeyPatch, value: str, why: str
+) -> None:
+    """Fail closed: a store the site meant to hide is never read because it was misspelt."""
+    monkeypatch.setenv(NEVER_READ_ENV, f"/srv/fine{os.pathsep}{value}")
+    with pytest.raises(ConfigurationError, match=f"{NEVER_READ_ENV} entry .*{why}"):
+        manager.create_sandbox(_own_policy(None))
+
+
+def test_a_never_read_path_that_holds_the_interpreter_is_refused(manager: SandboxManager) -> None:
+    """It would take the child's own Python from it: said at once, not a broken run."""
+    policy = _own_policy(None, [os.path.dirname(os.path.realpath(sys.executable))])
+    with pytest.raises(SandboxError, match="never_read_paths entry .* every sandbox (needs|reads) to run"):
+        manager.create_sandbox(policy)
+
+
+def test_a_cell_may_not_name_a_never_read_path_and_keeps_the_field(
+    planted_home: Path, own_stores: tuple[Path, Path]
+) -> None:
+    token, _ = own_stores
+    ceiling = _own_policy(None, ["~/.config/acme-cli"])
+    with pytest.raises(NarrowingError, match="never_read_paths"):
+        narrow(ceiling, Narrowing(allow_read=(str(token),)))
+    narrowed = narrow(ceiling, Narrowing(allow_read=(str(planted_home),)))
+    assert narrowed.filesystem_config.never_read_paths == ["~/.config/acme-cli"]

@@ -22,10 +22,15 @@ import time
 from collections.abc import Iterable
 
 from ...policy.credential_stores import (
+    NEVER_READ_ENV,
     etc_secret_paths,
     never_read,
+    outside_stores,
+    policy_stores,
     sandbox_homes_folder,
+    site_stores,
     store_link_refusal,
+    unhideable_store,
 )
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
@@ -75,6 +80,43 @@ def homes_folder() -> str:
 def denied_reads() -> list[str]:
     """What no sandbox reads, however a policy grants around it (`credential_stores.never_read`)."""
     return never_read()
+
+
+def denied_for(capability: CapabilityDeclaration, denied: Iterable[str] | None = None
+               ) -> tuple[tuple[str, ...], list[str]]:
+    """(`denied`, by default `denied_reads()`, with the policy's own stores; those own stores,
+    `never_read_paths`). A store of the site's or the policy's that a child could not be kept
+    from (it holds the interpreter, or lies in a folder every child reads where no mount can
+    hide it) refuses the run."""
+    own = policy_stores(capability)
+    read_by_all, mounts = runtime_read_set(), hidden_by_mounts()
+    needed = (*read_by_all, *_needed_to_run())
+    for stores, what in ((site_stores(), f"{NEVER_READ_ENV} entry"),
+                         (own, "never_read_paths entry")):
+        refusal = unhideable_store(stores, needed=needed, read_by_all=read_by_all,
+                                   mounts=mounts, what=what)
+        if refusal is not None:
+            raise SandboxError(refusal)
+    return (*(denied_reads() if denied is None else denied), *own), own
+
+
+@functools.lru_cache(maxsize=1)
+def _needed_to_run() -> tuple[str, ...]:
+    """What a child cannot run without inside the folders of `runtime_read_set`: the
+    interpreter's own file and its import path (a store there would hide them)."""
+    prefixes = [os.path.realpath(prefix) for prefix in {sys.prefix, sys.base_prefix}]
+    paths = [os.path.realpath(sys.executable), *prefixes]
+    paths += [os.path.realpath(entry) for entry in sys.path if entry and os.path.isabs(entry)]
+    return tuple(path for path in dict.fromkeys(paths)
+                 if any(is_within(path, prefix) for prefix in prefixes)
+                 or path == os.path.realpath(sys.executable))
+
+
+def _own_stores_win(own: list[str], readable: list[str], writable: list[str],
+                    named: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """A policy's own stores win over its grants: a grant that is one or lies in one is
+    dropped, and names it no more (so it is hidden, or split around, where a grant holds it)."""
+    return outside_stores(readable, own), outside_stores(writable, own), outside_stores(named, own)
 
 
 def withheld_from_everywhere() -> list[str]:
@@ -538,7 +580,7 @@ def build_plan(
     sandbox) refuses the run instead of granting the link's target. `owner_mapping`: the run
     comes with an owner map (a root kernel's unprivileged child), so root's granted folders
     are shown to the child as its own."""
-    denied = tuple(denied_reads()) if denied is None else denied
+    denied, own = denied_for(capability, denied)  # the credential list and the policy's own
     readable, writable = filesystem_grants(capability)
     if pinned is not None and (readable, writable) != pinned:
         moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
@@ -547,7 +589,7 @@ def build_plan(
             f"(now {', '.join(moved) or 'a different set'}): was a folder replaced by a symlink? "
             "Refusing to run; create a new sandbox if the change is intended"
         )
-    named = explicit_grants(capability)
+    readable, writable, named = _own_stores_win(own, readable, writable, explicit_grants(capability))
     granted, granted_reads = policy_grants(readable, writable), readable
     if not hidden_by_mounts():
         readable = split_around_denied(readable, guarded_paths(capability, denied), named)
