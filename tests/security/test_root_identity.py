@@ -287,7 +287,8 @@ def test_without_user_namespaces_a_root_kernels_child_keeps_no_capability(tmp_pa
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=False)
     assert done.returncode == 0, done.stderr
-    assert f"identity: by default, unprivileged uid {default_child_uid()}" in done.stdout, done.stdout
+    assert f"identity: unprivileged uid {default_child_uid()} by default" in done.stdout, done.stdout
+    assert "with no user namespace" in done.stdout, done.stdout  # as it is made here
     zero = "0000000000000000"
     assert f"child: 0 {default_child_uid()} ['{zero}', '{zero}', '{zero}']" in done.stdout, done.stdout
     # root with no user namespace to hold it keeps what only namespaces take away: refused

@@ -177,11 +177,28 @@ def seen_uid(host_uid: int) -> int:
 
 
 def _child_identity() -> str:
+    """Who a child is, as this host makes it (with or without a user namespace): the report
+    and `%sandbox status` print it after "Sandboxed children run as"."""
+    namespaced = user_namespaces()
     if os.name != "posix" or os.geteuid() != 0:
-        return "the Jupyter kernel's own uid in a user namespace"
-    return (f"by default, unprivileged uid {default_child_uid()}, which no account, group or subordinate "
-            "range of this host names, so no host process can trace or signal a child; the "
-            "child sees itself as nobody (65534) in its user namespace where it has one. The "
+        uid = os.geteuid() if os.name == "posix" else "?"
+        if namespaced:
+            return (f"the Jupyter kernel's own uid ({uid}), in a user namespace of their own "
+                    "with no capability on the host")
+        signals = (", and Landlock's scoping from signalling it"
+                   if landlock.landlock_abi() >= landlock.SCOPE_ABI else
+                   "; this kernel's Landlock cannot keep them from signalling it")
+        return (f"the Jupyter kernel's own uid ({uid}), with no user namespace (this host "
+                "refuses them): on the host they are that uid, as the kernel is; seccomp keeps "
+                f"them from tracing the kernel's process or changing its limits{signals}")
+    if not namespaced:
+        return (f"unprivileged uid {default_child_uid()} by default, which no account, group "
+                "or subordinate range of this host names, with no user namespace (this host "
+                "refuses them): a folder of root's that a policy grants is open to them only "
+                "as far as its modes let any user (child_uid=N runs them as N instead)")
+    return (f"unprivileged uid {default_child_uid()} by default, which no account, group or "
+            "subordinate range of this host names, so no host process can trace or signal a "
+            "child; the child sees itself as nobody (65534) in its user namespace. The "
             "folders its policy grants that root owns (and a folder of root's on the way to "
             "them, such as /root) are shown to it as its own through idmapped mounts: what it "
             "creates there is root's (the Jupyter kernel runs as root; child_uid=0 runs "
