@@ -26,6 +26,9 @@ pytestmark = [
 SPINNERS = r"""
 import os, signal, time
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # Linux reaps them; nobody waits
+# ...but each holds the write end of a pipe: its end of file says every spinner has spun its
+# whole share (on a loaded machine that takes longer than the rounds' sleeps).
+spun, spinning = os.pipe()
 for round in range(ROUNDS):
     for _ in range(WIDTH):
         if os.fork() == 0:
@@ -34,6 +37,8 @@ for round in range(ROUNDS):
                 pass
             os._exit(0)
     time.sleep(0.16)
+os.close(spinning)
+os.read(spun, 1)
 print("finished")
 """
 
