@@ -48,39 +48,58 @@ class Usage:
     def __init__(self) -> None:
         self.bytes = 0
         self.unlisted: set[str] = set()
+        self.stop_above: int | None = None
         self._seen: set[tuple[int, int]] = set()
 
     def count(self, info: os.stat_result) -> None:
         if (info.st_dev, info.st_ino) not in self._seen:
             self._seen.add((info.st_dev, info.st_ino))
             self.bytes += max(info.st_blocks * 512, INODE_BYTES)
+            if self.stop_above is not None and self.bytes > self.stop_above:
+                raise _OverTheTop
 
 
-def measure(folders: Iterable[str], open_files: Iterable[str] = ()) -> Usage:
+class _OverTheTop(Exception):
+    """The walk has counted past the point that matters (`measure`'s `stop_above`)."""
+
+
+def measure(folders: Iterable[str], open_files: Iterable[str] = (), *,
+            stop_above: int | None = None) -> Usage:
     """Blocks under `folders` (each inode once, at least `INODE_BYTES`; no symlink followed,
     no other filesystem entered; a top that is a file counts as itself) and of the
     `open_files` (/proc/PID/fd and /proc/PID/map_files entries) that have no name left on
-    those folders' filesystems."""
+    those folders' filesystems. With `stop_above`, the walk ends as soon as it has counted
+    more than that many bytes (a burst past the quota is known without counting all of it)."""
     usage = Usage()
-    devices = set()
+    usage.stop_above = stop_above
+    try:
+        devices = {info.st_dev for info in _walk_tops(folders, usage)}
+        for link in open_files:
+            try:
+                info = os.stat(link)  # follows the descriptor to its file, named or not
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev in devices:
+                usage.count(info)
+    except _OverTheTop:
+        pass
+    return usage
+
+
+def _walk_tops(folders: Iterable[str], usage: Usage) -> list[os.stat_result]:
+    """Walk each of `folders` into `usage`; their own stat results (those that exist)."""
+    tops = []
     for top in folders:
         try:
             info = os.lstat(top)
         except OSError:
             usage.unlisted.add(top)
             continue
-        devices.add(info.st_dev)
+        tops.append(info)
         usage.count(info)
         if stat.S_ISDIR(info.st_mode):
             _walk(top, info.st_dev, usage)
-    for link in open_files:
-        try:
-            info = os.stat(link)  # follows the descriptor to its file, named or not
-        except OSError:
-            continue
-        if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev in devices:
-            usage.count(info)
-    return usage
+    return tops
 
 
 def _walk(top: str, device: int, usage: Usage) -> None:
@@ -113,6 +132,29 @@ def _walk_from(top: str, device: int, usage: Usage, unlisted) -> None:
                 continue
 
 
+def _one_per_filesystem(folders: list[str]) -> list[str]:
+    chosen: dict[int, str] = {}
+    for folder in folders:
+        try:
+            chosen.setdefault(os.lstat(folder).st_dev, folder)
+        except OSError:
+            continue
+    return list(chosen.values())
+
+
+def _free_space(folders: list[str]) -> list[tuple[int, int] | None]:
+    """(free bytes, free inodes) of each folder's filesystem, None where it cannot be read."""
+    free: list[tuple[int, int] | None] = []
+    for folder in folders:
+        try:
+            info = os.statvfs(folder)
+        except OSError:
+            free.append(None)
+            continue
+        free.append((info.f_bfree * info.f_frsize, info.f_ffree))
+    return free
+
+
 class DiskQuota:
     """One sandbox's folders, what they held when it was made, and its quota."""
 
@@ -128,11 +170,17 @@ class DiskQuota:
         self.unlisted: set[str] = set()
         self._next_walk = time.monotonic() + _pause_after(time.monotonic() - started)
         self._walking: threading.Thread | None = None
+        # One folder per filesystem the folders are on, and their free space and inodes
+        # when the last walk began: a fall by more than the quota has left means a burst.
+        self._filesystems = _one_per_filesystem(self.folders)
+        self._free_at_walk = _free_space(self._filesystems)
 
     def measure_now(self, open_files: Callable[[], list[str]] = list) -> int:
-        """Walk now (on the caller's thread) and return the bytes added."""
+        """Walk now (on the caller's thread) and return the bytes added (once past the
+        quota, the walk stops counting: the figure is then at least that)."""
         started = time.monotonic()
-        usage = measure(self.folders, open_files())
+        self._free_at_walk = _free_space(self._filesystems)
+        usage = measure(self.folders, open_files(), stop_above=self.baseline + self.limit)
         with self._lock:
             self.added = usage.bytes - self.baseline
             self.unlisted = usage.unlisted - self._unlisted_before
@@ -158,6 +206,20 @@ class DiskQuota:
                                                  name="sandbox-disk-walk", daemon=True)
                 self._walking.start()
             return self.added
+
+    def burst_seen(self) -> bool:
+        """Whether the filesystems the folders are on have lost more space (or more inodes,
+        at `INODE_BYTES` each) since the last walk began than the quota has left: a walk is
+        due now. A `statfs` per filesystem, cheap enough to ask every few milliseconds; what
+        other processes write there only brings a walk sooner, never a kill."""
+        with self._lock:
+            left = self.limit - self.added
+        for before, now in zip(self._free_at_walk, _free_space(self._filesystems)):
+            if before is None or now is None:
+                continue
+            if before[0] - now[0] > left or (before[1] - now[1]) * INODE_BYTES > left:
+                return True
+        return False
 
     def exceeded(self, added: int) -> str | None:
         with self._lock:

@@ -38,6 +38,8 @@ _MIB = 1024 * 1024
 # polls no more once stopped, so giving up here leaks nothing that outlives the process.
 _JOIN_TIMEOUT = 10.0
 _FIRST_POLL_DELAY = 0.05
+# How often a run's disk is looked at between polls (a statfs per filesystem).
+DISK_CHECK_INTERVAL = 0.02
 # A run or a cell that ends sooner is never sampled (its usage is what the launcher and the
 # tree's CPU clock report at its end) and shows no gauges; the monitor's thread is running
 # from its first instant all the same. Memory has the address-space rlimit as a backstop
@@ -308,8 +310,8 @@ class ResourceMonitor:
         # when the caller is busiest, and a scan of /proc then would only compete with it; a
         # run that ends sooner is never sampled (its usage is what its end reports).
         with self._lock:
-            first = self._first_poll_at - time.monotonic()
-        self._stop_event.wait(max(0.0, first))
+            first = self._first_poll_at
+        self._wait_until(first)
         while not self._stop_event.is_set():
             try:
                 self._poll()
@@ -317,7 +319,30 @@ class ResourceMonitor:
                 self._notify(snap)
             except Exception:  # never let one bad poll end the watch
                 logger.exception("resource monitor poll failed")
-            self._stop_event.wait(self._interval)
+            self._wait_until(time.monotonic() + self._interval)
+
+    def _wait_until(self, deadline: float) -> None:
+        """Wait for the next poll (or stop()); with a disk quota, look every
+        `DISK_CHECK_INTERVAL` meanwhile whether the disk lost more than the quota has left,
+        and walk at once if so: a burst of writes is stopped within that time and one walk,
+        not the poll interval and the walks' pacing."""
+        while not self._stop_event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if self._disk is None:
+                self._stop_event.wait(remaining)
+                continue
+            if self._stop_event.wait(min(remaining, DISK_CHECK_INTERVAL)):
+                return
+            try:
+                if self._disk.burst_seen():
+                    added = self._disk.measure_now(lambda: tree_open_files(self._root))
+                    with self._lock:
+                        self._disk_bytes = added
+                    self._evaluate()
+            except Exception:  # never let one bad look end the watch
+                logger.exception("resource monitor disk check failed")
 
     def _poll(self) -> None:
         if self._disk is not None:
