@@ -13,8 +13,8 @@ ABBA order so that noise hits both alike, each call after a 20 ms pause, `PAUSE_
    and of `python -I -S -c 'print(1)'` against `bwrap --ro-bind / / --dev /dev --proc /proc
    --unshare-all` running the same; and `run_python(..., "print(1)")` in a sandbox with egress
    rules (its child makes a listener for the kernel's proxy) against one without.
-3. CPU overhead of a `ResourceMonitor(ResourceLimits(), interval=0.25)` watching a
-   sleeping `sleep 30` child: this process's CPU time (`time.process_time()`) over a
+3. CPU overhead of a `ResourceMonitor(ResourceLimits(), interval=0.25)` with the default
+   10 MB disk quota over a small folder (a run's own) watching a sleeping `sleep 30` child: this process's CPU time (`time.process_time()`) over a
    window of ~5 s, as a percent of one core, against the same window without a monitor.
    The monitor thread's own CPU clock (pthread_getcpuclockid) is reported alongside.
 4. Kill latency. Memory: a sandbox with `max_memory_mb=100` runs a cell that allocates and
@@ -46,6 +46,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -62,6 +63,7 @@ except ImportError:  # run from a checkout without the package installed
 from _common import fmt_ns
 from sandbox_kernel_ext.policy.models import CapabilityDeclaration, ResourceLimits
 from sandbox_kernel_ext.runner.trusted.isolation import missing_layers
+from sandbox_kernel_ext.runner.trusted.disk_quota import DiskQuota
 from sandbox_kernel_ext.runner.trusted.manager import SandboxManager
 from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor
 
@@ -387,6 +389,8 @@ def bench_monitor(helpers: Helpers, window: float, rounds: int) -> tuple[list[di
         except (OSError, AttributeError):
             return 0.0
 
+    quota_folder = tempfile.mkdtemp(prefix="sbx-bench-quota-")
+
     def measure(with_monitor: bool) -> None:
         sleeper = helpers.popen(["sleep", "30"])
         monitor = None
@@ -394,7 +398,10 @@ def bench_monitor(helpers: Helpers, window: float, rounds: int) -> tuple[list[di
             count = [0]
             ident = None
             if with_monitor:
-                monitor = ResourceMonitor(ResourceLimits(), interval=MONITOR_INTERVAL)
+                # With the default 10 MB disk quota over a small folder, as a run has it
+                # (its statfs look between polls every DISK_CHECK_INTERVAL included).
+                monitor = ResourceMonitor(ResourceLimits(), interval=MONITOR_INTERVAL,
+                                          disk=DiskQuota([quota_folder], 10 * 1024 * 1024))
                 monitor.subscribe(lambda snap: count.__setitem__(0, count[0] + 1))
                 monitor.start(sleeper.pid)
                 ident = next((t.ident for t in threading.enumerate() if t.name == "sandbox-monitor"), None)
@@ -415,7 +422,10 @@ def bench_monitor(helpers: Helpers, window: float, rounds: int) -> tuple[list[di
                 monitor.stop()
             helpers.done(sleeper)
 
-    interleave(lambda: measure(True), lambda: measure(False), rounds=rounds)
+    try:
+        interleave(lambda: measure(True), lambda: measure(False), rounds=rounds)
+    finally:
+        shutil.rmtree(quota_folder, ignore_errors=True)
     c, b = statistics.median(ours), statistics.median(base)
     rows = [
         row(f"monitor CPU, {MONITOR_INTERVAL * 1000:.0f} ms interval, {window:g} s window",
