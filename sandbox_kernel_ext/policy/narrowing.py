@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .credential_stores import policy_stores
+from .credential_stores import never_read, policy_stores
 from .egress import EgressFilter, MalformedTargetError, parse_authority
 from .errors import SandboxPermissionEscalationError
 from .models import (
@@ -74,15 +74,18 @@ def narrow(
     ceiling: CapabilityDeclaration,
     narrowing: Narrowing,
     *,
-    denied: Iterable[str] = (),
+    denied: Iterable[str] | None = None,
     cwd: str | None = None,
 ) -> CapabilityDeclaration:
     """The policy one cell runs under: `ceiling` with `narrowing` applied, never more.
 
-    `denied`: host paths a "read everywhere" ceiling still withholds (the runner's credential
-    list and the folders it grants only in part); a named path may neither lie in one nor hold
-    one. `cwd`: where relative paths in `narrowing` resolve (default: the working directory).
+    `denied`: host paths the runner withholds (its credential list and the folders it grants
+    only in part; by default the credential list, `never_read()`): a named path may not lie
+    in one the ceiling does not name itself, nor, under "read everywhere", hold one. `cwd`:
+    where relative paths in `narrowing` resolve (default: the working directory).
     """
+    if denied is None:
+        denied = never_read()
     limits = ceiling.resource_limits
     update: dict[str, object] = {}
     if narrowing.max_memory_mb is not None or narrowing.max_cpu_seconds is not None:
@@ -252,23 +255,37 @@ class _Ceiling:
         return (f"it holds {held.host}, an approval-gated root of the session policy's path "
                 "table; name that root itself (it stays gated) or folders beside it")
 
+    def in_withheld(self, path: str) -> str | None:
+        """Why naming `path` is refused when it lies in what the runner withholds (a
+        credential store, a folder granted only in part) and the ceiling does not name that
+        store itself: the narrowed policy would name it, and a store a policy names is
+        granted (the runner hides a store only inside a grant, never the grant itself)."""
+        store = next((d for d in self.denied if is_within(path, d)), None)
+        if store is None:
+            return None
+        named = [p for p in [*self.readable, *self.writable] if is_within(p, store)]
+        if any(is_within(path, p) for p in named):
+            return None
+        return f"it lies in {store}, which the session policy never lets a sandbox read"
+
     def fs_readable(self, path: str) -> str | None:
         """None when `path` is readable; else why not."""
-        held = self.holds_gated(path, write=False) or self.in_own_store(path)
+        held = (self.holds_gated(path, write=False) or self.in_own_store(path)
+                or self.in_withheld(path))
         if held is not None:
             return held
         if any(is_within(path, p) for p in [*self.readable, *self.writable]):
             return None
         if self.everywhere:
-            clash = next((d for d in self.denied if is_within(path, d) or is_within(d, path)), None)
+            clash = next((d for d in self.denied if is_within(d, path)), None)
             if clash is None:
                 return None
-            return (f"it {'lies in' if is_within(path, clash) else 'holds'} {clash}, which the "
-                    "session policy never lets a sandbox read")
+            return f"it holds {clash}, which the session policy never lets a sandbox read"
         return "it is outside what the session policy lets a sandbox read" + self._listing()
 
     def fs_writable(self, path: str) -> str | None:
-        held = self.holds_gated(path, write=True) or self.in_own_store(path)
+        held = (self.holds_gated(path, write=True) or self.in_own_store(path)
+                or self.in_withheld(path))
         if held is not None:
             return held
         if any(is_within(path, p) for p in self.writable):

@@ -430,5 +430,33 @@ def test_a_cell_may_not_name_a_never_read_path_and_keeps_the_field(
     ceiling = _own_policy(None, ["~/.config/acme-cli"])
     with pytest.raises(NarrowingError, match="never_read_paths"):
         narrow(ceiling, Narrowing(allow_read=(str(token),)))
-    narrowed = narrow(ceiling, Narrowing(allow_read=(str(planted_home),)))
+    # (the built-in list set aside: under "read everywhere" a home holds its stores)
+    narrowed = narrow(ceiling, Narrowing(allow_read=(str(planted_home),)), denied=())
     assert narrowed.filesystem_config.never_read_paths == ["~/.config/acme-cli"]
+
+
+def test_a_cell_cannot_narrow_its_way_into_a_store(manager: SandboxManager, planted_home: Path,
+                                                  ) -> None:
+    """Found in review: a ceiling that reads a home hides its stores, and a cell's
+    `--allow-read ~/.ssh` made a policy that named the store, which a policy that names a
+    store is granted: the cell read the key. Every store on the list, by the default deny
+    list and by the notebook's (`withheld_from_everywhere`)."""
+    from sandbox_kernel_ext.runner.trusted.plan import withheld_from_everywhere
+
+    ceiling = CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=[str(planted_home)]))
+    lists = {"default": None, "notebook's": withheld_from_everywhere()}
+    for entry in HOME_CREDENTIAL_PATHS:
+        for name, denied in lists.items():
+            with pytest.raises(NarrowingError, match="never lets a sandbox read"):
+                narrow(ceiling, Narrowing(allow_read=(str(planted_home / entry),)), denied=denied)
+    # the ceiling's own choice stays: a store it names is a cell's to name
+    store = str(planted_home / ".netrc")
+    named = CapabilityDeclaration(filesystem_config=FilesystemConfig(
+        mode="read_only", readable_paths=[store]))
+    assert narrow(named, Narrowing(allow_read=(store,))).filesystem_config.readable_paths == [
+        store]
+    # ...and the policy a refused narrowing would have made reads the store: the control
+    sid = manager.create_sandbox(named)
+    shown = manager.run_python(sid, f"print(open({store!r}).read())")
+    assert "SECRET" in shown.stdout, shown
