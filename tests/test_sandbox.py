@@ -599,7 +599,7 @@ GRANTS = st.sampled_from(
 DERIVE_PROBES = PROBES + ["/docs/sub/deep/up/b.md", "/work/out/secret.txt", "/work/a/b", "/open/o/p", "/docs/a.txt/x"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     steps=st.lists(
         st.tuples(

@@ -437,9 +437,14 @@ def test_a_forged_frame_sets_no_kernel_variable(k: KernelSession, kind: str,
     msg_id = cell(k, f"%%sandbox --quiet {options}\nKIND = {kind!r}\n{FORGE}")
     assert value(k, "api_base") == "kernel-value"
     assert value(k, "'allowed_cmd' in globals()") is False
-    if options:
+    broke = k.error(msg_id) is not None
+    if broke:
+        # A forged done frame read in the same read as the real one (a loaded machine): the
+        # cell ended twice, and the session ends on it, its variables with it.
+        assert kind == "done" and "a cell ended twice" in error_line(k, msg_id), \
+            error_line(k, msg_id)
+    if options and not broke:
         # The name -o asked for crosses (whichever frame carried it), and nothing else.
-        assert k.error(msg_id) is None, error_line(k, msg_id)
         assert value(k, "result_name") in ("from the cell", "forged")
     else:
         assert value(k, "'result_name' in globals()") is False

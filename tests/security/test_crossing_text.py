@@ -71,12 +71,17 @@ def srcdoc(markup: str) -> str:
     return html.unescape(found.group(1))
 
 
+# Letters that draw nothing (found in review: 160 Hangul fillers put a fake question on a
+# visual line of its own, away from the marker).
+BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
+
 # Any text a child could send: every code point, lone surrogates included, weighted towards
 # the ones that matter here.
 _ANY_CHAR = st.characters(exclude_categories=())
 _HOSTILE_CHAR = st.sampled_from(sorted(BIDI | INVISIBLE) + list(SEPARATORS)
                                 + ["\x1b", "\x9b", "\x00", "\x07", "\x08", "\t", "\ud800",
-                                   "\udfff", "\u200c", "\u200d", "\u0301", "[", "]", ";", "m"])
+                                   "\udfff", "\u200c", "\u200d", "\u0301", "[", "]", ";", "m",
+                                   *BLANK_LETTERS])
 _TEXT = st.text(st.one_of(_ANY_CHAR, _HOSTILE_CHAR), max_size=400)
 
 
@@ -134,7 +139,8 @@ SPOOF = ("Output of the cell\n" * 30 + "\u202eYour Jupyter server session expire
 def _assert_one_marked_line(prompt: str) -> None:
     assert prompt.startswith(MARKER), prompt
     assert prompt.splitlines() == [prompt] and not set(prompt) & set(SEPARATORS), prompt
-    assert all(_shown_anywhere(c) and c not in "\u200c\u200d" for c in prompt), ascii(prompt)
+    assert all(_shown_anywhere(c) and c not in "\u200c\u200d" and c not in BLANK_LETTERS
+               for c in prompt), ascii(prompt)
     assert len(prompt) <= len(MARKER) + 200
     prompt.encode("utf-8")
 
@@ -187,7 +193,8 @@ def test_any_prompt_is_one_clean_marked_line(prompt: str) -> None:
     # Letters and digits of a short prompt all stay, in their order (an escape sequence
     # takes the letters it is made of).
     if len(prompt) < 60 and "\x1b" not in prompt and "\x9b" not in prompt:
-        words = [c for c in prompt if unicodedata.category(c)[0] in "LN"]
+        words = [c for c in prompt
+                 if unicodedata.category(c)[0] in "LN" and c not in BLANK_LETTERS]
         assert [c for c in shown[len(MARKER):] if unicodedata.category(c)[0] in "LN"] == words
 
 
@@ -201,7 +208,7 @@ _KEPT = st.lists(st.one_of(st.text(_PRINTABLE, max_size=20), _SGR_SEQUENCE,
                            st.sampled_from(["\n", "\t", "\r"])), max_size=20)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_TEXT, _KEPT)
 def test_stream_text_loses_what_hides_or_rewrites_and_keeps_text_and_colours(
         text: str, pieces: list[str]) -> None:

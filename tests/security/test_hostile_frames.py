@@ -99,7 +99,7 @@ def test_any_sequence_of_frames_is_decoded_or_refused_never_raised(
     _feed(pieces)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=400))
 def test_any_bytes_are_decoded_or_refused_never_raised(junk: bytes) -> None:
     _feed([junk, b"\n"])

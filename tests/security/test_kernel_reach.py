@@ -91,3 +91,50 @@ def test_the_kernel_and_the_launcher_write_no_core(manager) -> None:
     assert resource.getrlimit(resource.RLIMIT_CORE)[0] == 0
     launcher = _limits(_launcher_pid(manager))["Max core file size"]
     assert launcher == "0"
+
+
+SCHEDULING = """
+import ctypes, errno, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(call):
+    try:
+        call()
+        return "changed"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+def ioprio(who):
+    # IOPRIO_WHO_PROCESS, the idle class
+    if libc.syscall(251 if os.uname().machine == "x86_64" else 30, 1, who, 3 << 13) != 0:
+        raise OSError(ctypes.get_errno(), "ioprio_set")
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+results = {}
+for name, pid in (("kernel", KERNEL), ("own child", helper.pid)):
+    results[name + " nice"] = attempt(lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
+    results[name + " affinity"] = attempt(lambda: os.sched_setaffinity(pid, {0}))
+    results[name + " idle class"] = attempt(
+        lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)))
+    results[name + " io priority"] = attempt(lambda: ioprio(pid))
+results["its uid's nice"] = attempt(lambda: os.setpriority(os.PRIO_USER, 0, 19))
+helper.kill()
+results["self nice"] = attempt(lambda: os.nice(1))
+results["self affinity"] = attempt(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))
+"""
+
+
+def test_a_child_changes_no_scheduling_but_its_own(manager) -> None:
+    """Found in review: without a PID namespace a child set the kernel's threads to nice 19,
+    one CPU and the idle class, for good (every later monitor thread inherits them)."""
+    sid = manager.create_sandbox(CapabilityDeclaration())
+    before = (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0))
+    result = manager.run_python(sid, SCHEDULING.replace("KERNEL", str(os.getpid())),
+                                outputs=["results"])
+    manager.destroy(sid)
+    results = result.variables.get("results")
+    assert results is not None, result
+    for name, outcome in results.items():
+        if name.startswith("self "):
+            assert outcome == "changed", (name, results)
+        else:
+            assert outcome in ("EPERM", "ESRCH"), (name, results)
+    assert results["own child nice"] == "EPERM", results  # by the filter, not the namespace
+    assert (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)) == before

@@ -177,9 +177,6 @@ def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | 
     set_process_name(SPARE_NAME)  # first: a spare is never a nameless process of the child's uid
     signal.set_wakeup_fd(-1)  # the launcher's wake-up pipe is not ours to write
     close_other_fds({handoff, status_w})  # the launcher's socket above all: its end of file
-    # The launcher is not dumpable, which makes /proc/self root's: writing this fork's own
-    # uid map and setgroups needs it to be its uid's again (until the namespaces are made).
-    prctl(PR_SET_DUMPABLE, 1)
     namespaced = use_userns or os.geteuid() == 0
     drop_root = os.geteuid() == 0 and not use_userns
     if os.geteuid() == 0 and use_userns and uid is not None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
-from ..linux.namespaces import PR_SET_DUMPABLE, userns_usable
+from ..linux.namespaces import userns_usable
 from ..linux.syscalls import no_core_dumps, prctl
 from ..wire import read_to_end, receive_message, send_message
 
@@ -503,10 +503,9 @@ def main() -> None:
     uid = seen = None
     if len(sys.argv) > 2 and sys.argv[2]:
         uid, seen = (int(part) for part in sys.argv[2].split(":"))
-    # No core file and no tracer of the launcher's uid: each fork makes itself traceable
-    # again once wholly confined (bootstrap), and sets its own RLIMIT_CORE.
+    # No core file of the launcher, ever (each fork sets its own RLIMIT_CORE, 0 as well). It
+    # stays dumpable: the kernel's process, of its uid, reads its /proc entries.
     no_core_dumps(for_good=True)
-    prctl(PR_SET_DUMPABLE, 0)
     # Nothing of ours belongs on stdout; a fork's buffered copy of it would be written twice.
     Launcher(sock, uid, seen).serve()
 

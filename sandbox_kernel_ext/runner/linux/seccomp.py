@@ -118,7 +118,9 @@ ARCHES: dict[str, _Arch] = {
         "fchmodat2": 452, "creat": 85, "open": 2, "openat": 257, "openat2": 437, "mkdir": 83,
         "mkdirat": 258, "mknod": 133, "mknodat": 259, "umask": 95, "setxattr": 188,
         "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463, "fallocate": 285,
-        "prlimit64": 302,
+        "prlimit64": 302, "setpriority": 141, "sched_setparam": 142,
+        "sched_setscheduler": 144, "sched_setaffinity": 203, "ioprio_set": 251,
+        "sched_setattr": 314,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -137,7 +139,9 @@ ARCHES: dict[str, _Arch] = {
         "semget": 190, "vmsplice": 75, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452,
         "openat": 56, "openat2": 437, "mkdirat": 34, "mknodat": 33, "umask": 166,
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463, "fallocate": 47,
-        "prlimit64": 261,
+        "prlimit64": 261, "setpriority": 140, "sched_setparam": 118,
+        "sched_setscheduler": 119, "sched_setaffinity": 122, "ioprio_set": 30,
+        "sched_setattr": 274,
     }),
 }
 # The old path calls that aarch64 never had (its libc uses the *at forms): a rule naming one
@@ -293,6 +297,13 @@ _NOT_DUMPABLE = ("a program its owner may run but not read makes whoever execs i
                  "and Linux then stops the perf clock that counts the tree's CPU")
 
 
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+_OTHER_PROCESS = ("the scheduling of another process (pid 0 is the caller): without a PID "
+                  "namespace the kernel's threads are in reach, and a nice of 19, one CPU or "
+                  "an idle class would slow every later cell's watch; a program setting its "
+                  "own threads' affinity by thread id gets EPERM")
+
+
 def _socket_rules(
     syscall: str, families: frozenset[int], inet_tcp_only: bool
 ) -> tuple[Rule, ...]:
@@ -367,6 +378,15 @@ def build_rules(
                  "kernel's process is in reach, and lowering its RLIMIT_NOFILE or raising its "
                  "RLIMIT_CORE with a low RLIMIT_CPU would break it or dump its memory to disk; "
                  "getrlimit and setrlimit pass pid 0"),
+        *(deny(name, none_of(0, [0]), why=_OTHER_PROCESS)
+          for name in ("sched_setparam", "sched_setscheduler", "sched_setaffinity",
+                       "sched_setattr")),
+        # setpriority and ioprio_set take (which, who): only "this process" (PRIO_PROCESS /
+        # IOPRIO_WHO_PROCESS, who 0); a group or a user (the kernel's uid) is other processes.
+        deny("setpriority", none_of(0, [PRIO_PROCESS]), why=_OTHER_PROCESS),
+        deny("setpriority", none_of(1, [0]), why=_OTHER_PROCESS),
+        deny("ioprio_set", none_of(0, [IOPRIO_WHO_PROCESS]), why=_OTHER_PROCESS),
+        deny("ioprio_set", none_of(1, [0]), why=_OTHER_PROCESS),
         deny("openat2", code=errno.ENOSYS,
              why="openat2 passes its mode in memory, where BPF cannot look; on ENOSYS programs "
                  "fall back to openat, whose mode the rule above inspects"),

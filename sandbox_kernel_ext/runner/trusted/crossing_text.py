@@ -42,6 +42,10 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _INVISIBLE = ("\u00ad\u180e\u200b\u2060-\u2064\u206a-\u206f\ufeff\ufff9-\ufffb"
               "\U000e0000-\U000e007f")
+# Blank letters: Hangul fillers and the blank Braille pattern draw nothing, so in one line a
+# run of them pushes the words after it onto a line of their own without a line break. Kept
+# in streams and displays (Braille charts in a terminal draw with the blank pattern).
+_BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
 _JOINERS = "\u200c\u200d"
 # Line and paragraph separators: a line break wherever text is shown (VT, FF, the file/group/
 # record separators and NEL among them, for Python's own str.splitlines).
@@ -54,7 +58,8 @@ _SGR = re.compile(r"\x1b\[[0-9;]*m")
 # What each channel drops (after escape sequences, for streams and lines).
 _DISPLAY_DROPPED = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}]")
 _STREAM_DROPPED = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}]")
-_LINE_DROPPED = re.compile(f"[\x00-\x08\x0e-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}{_JOINERS}]")
+_LINE_DROPPED = re.compile(
+    f"[\x00-\x08\x0e-\x1f\x7f-\x9f{_BIDI}{_INVISIBLE}{_JOINERS}{_BLANK_LETTERS}]")
 _LINE_BREAKS = re.compile(f"[{_SEPARATORS}]+")
 _SPACES = re.compile("[\t \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")
 MAX_MARKS = 4  # combining marks kept on one character in a line (more stack over other lines)

@@ -324,8 +324,8 @@ class ResourceMonitor:
     def _wait_until(self, deadline: float) -> None:
         """Wait for the next poll (or stop()); with a disk quota, look every
         `DISK_CHECK_INTERVAL` meanwhile whether the disk lost more than the quota has left,
-        and walk at once if so: a burst of writes is stopped within that time and one walk,
-        not the poll interval and the walks' pacing."""
+        and start a walk at once if so (`DiskQuota.walk_now`): a burst of writes is stopped
+        within that time and one walk, not the poll interval and the walks' pacing."""
         while not self._stop_event.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -336,13 +336,16 @@ class ResourceMonitor:
             if self._stop_event.wait(min(remaining, DISK_CHECK_INTERVAL)):
                 return
             try:
-                if self._disk.burst_seen():
-                    added = self._disk.measure_now(lambda: tree_open_files(self._root))
-                    with self._lock:
-                        self._disk_bytes = added
-                    self._evaluate()
+                if self._disk.burst_seen():  # walked on the walk thread: polls go on meanwhile
+                    self._disk.walk_now(lambda: tree_open_files(self._root), self._disk_measured)
             except Exception:  # never let one bad look end the watch
                 logger.exception("resource monitor disk check failed")
+
+    def _disk_measured(self, added: int) -> None:
+        """A walk a burst asked for is done: its figure is judged at once."""
+        with self._lock:
+            self._disk_bytes = added
+        self._evaluate()
 
     def _poll(self) -> None:
         if self._disk is not None:
