@@ -271,3 +271,36 @@ def test_a_burst_is_walked_at_once_not_at_the_next_poll(tmp_path) -> None:
     finally:
         monitor.stop()
     assert "disk quota exceeded" in (monitor.exceeded() or "")
+
+
+LEFT_WRITING = r"""
+import os, threading, time
+def write():
+    for index in range(200):                 # 200 MB, a file every 20 ms
+        with open(os.path.join(os.environ["HOME"], f"later{index}"), "wb") as out:
+            out.write(b"x" * 1048576)
+        time.sleep(0.02)
+threading.Thread(target=write, daemon=True).start()
+"""
+
+
+def test_a_session_left_writing_between_cells_is_ended_at_its_quota() -> None:
+    """Found in review: a cell left a thread writing, and while the session sat between
+    cells its home grew to 381 MB under a 10 MB quota (between cells only CPU, memory and
+    processes were watched)."""
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(CapabilityDeclaration(
+            file_limits=FileLimits(max_total_bytes=QUOTA),
+            resource_limits=ResourceLimits(max_file_size_mb=100)))
+        session = manager.start_session(sid)
+        try:
+            result = session.run_cell(LEFT_WRITING)
+            assert result.killed is None, result
+            deadline = time.monotonic() + 60
+            while session.end_reason is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            reason = session.end_reason
+        finally:
+            session.close()
+            manager.destroy(sid)
+    assert reason is not None and "disk quota exceeded" in reason, reason

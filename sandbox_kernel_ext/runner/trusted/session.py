@@ -30,7 +30,7 @@ from ...policy.models import SandboxResult
 from .control import CellEvents, ControlChannel, InputCallback
 from .display import DisplayOutput
 from .launcher_client import SpawnedChild
-from .monitor import ResourceMonitor, sample_tree
+from .monitor import ResourceMonitor, sample_tree, tree_open_files
 from .plumbing import OutputCallback, OutputStream, Plumbing, drain
 
 if TYPE_CHECKING:
@@ -275,6 +275,8 @@ class PythonSession:
             if ok and processes > limits.max_processes:
                 ok, reason = False, (f"process limit exceeded: {processes} processes, limit "
                                      f"is {limits.max_processes}")
+            if ok and (disk_reason := self._idle_disk()) is not None:
+                ok, reason = False, disk_reason
             if ok:
                 return
             reason = f"{reason}, while no cell ran"
@@ -282,6 +284,18 @@ class PythonSession:
         self._manager._breach(self._sandbox, self._child, reason)
         self._child.exited.wait(timeout=10)
         self._end(reason)
+
+    def _idle_disk(self) -> str | None:
+        """Why the session is over its disk quota between cells (a thread left writing), or
+        None. Walks run on the quota's walk thread: when due, and at once when the disk lost
+        more than the quota has left since the last; this look judges the last walk's figure."""
+        disk = self._sandbox.disk
+        if disk is None:
+            return None
+        open_files = lambda: tree_open_files(self._root)  # noqa: E731
+        if disk.burst_seen():
+            disk.walk_now(open_files, lambda added: None)
+        return disk.exceeded(disk.walk_if_due(self._manager.monitor_interval, open_files))
 
     def interrupt(self) -> bool:
         """KeyboardInterrupt in the running cell (the session and its variables stay)."""
