@@ -178,7 +178,8 @@ class DiskQuota:
         # One folder per filesystem the folders are on, and their free space and inodes
         # when the last walk began: a fall by more than the quota has left means a burst.
         self._filesystems = _one_per_filesystem(self.folders)
-        self._free_at_walk = _free_space(self._filesystems)
+        self._free_at_walk = self._free_at_look = _free_space(self._filesystems)
+        self.moving = False  # whether the free space changed between the last two looks
 
     def measure_now(self, open_files: Callable[[], list[str]] = list) -> int:
         """Walk now (on the caller's thread) and return the bytes added (once past the
@@ -239,7 +240,9 @@ class DiskQuota:
         other processes write there only brings a walk sooner, never a kill."""
         with self._lock:
             left = self.limit - self.added
-        for before, now in zip(self._free_at_walk, _free_space(self._filesystems)):
+        free = _free_space(self._filesystems)
+        self.moving, self._free_at_look = free != self._free_at_look, free
+        for before, now in zip(self._free_at_walk, free):
             if before is None or now is None:
                 continue
             if before[0] - now[0] > left or (before[1] - now[1]) * INODE_BYTES > left:
