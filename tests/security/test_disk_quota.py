@@ -304,3 +304,26 @@ def test_a_session_left_writing_between_cells_is_ended_at_its_quota() -> None:
             session.close()
             manager.destroy(sid)
     assert reason is not None and "disk quota exceeded" in reason, reason
+
+
+SUBVOLUME = r"""
+import errno, fcntl, os
+fd = os.open(FOLDER, os.O_RDONLY | os.O_DIRECTORY)
+outcomes = []
+for request in (0x50009401, 0x5000940E, 0x50009417, 0x50009418):
+    try:
+        fcntl.ioctl(fd, request, bytearray(4096))
+        outcomes.append("made")
+    except OSError as exc:
+        outcomes.append(errno.errorcode.get(exc.errno, str(exc.errno)))
+print(outcomes)
+"""
+
+
+def test_no_btrfs_subvolume_escapes_the_walk(shared_dir: Path) -> None:
+    """Found in review: on btrfs a cell made a subvolume in its writable folder (a device of
+    its own, which the walk does not enter) and wrote 96 MB under a 10 MB quota. The
+    requests are refused before the filesystem sees them: EPERM here, where ext4 itself
+    would answer ENOTTY."""
+    result = _run_writing_in(shared_dir, SUBVOLUME)
+    assert result.stdout.strip() == str(["EPERM"] * 4), result

@@ -83,6 +83,8 @@ SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type holds SOCK_NONBLOCK / SOCK_C
 IPPROTO_TCP = 6
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
+# btrfs subvolumes and snapshots: _IOW(0x94, n, 4096-byte args), n = 1, 14, 23, 24
+BTRFS_NEW_SUBVOLUME = (0x50009401, 0x5000940E, 0x50009417, 0x50009418)
 MSG_FASTOPEN = 0x20000000
 S_ISUID = 0o4000
 S_ISGID = 0o2000
@@ -397,6 +399,10 @@ def build_rules(
              why="a new namespace, like unshare (flags is argument 0 on x86_64 and aarch64)"),
         *socket_rules,
         *pair_rules,
+        deny("ioctl", one_of(1, BTRFS_NEW_SUBVOLUME),
+             why="a btrfs subvolume or snapshot made in a writable folder is another "
+                 "filesystem (its own device number): the disk quota's walk does not enter it, "
+                 "so what is written there would count against no quota"),
         deny("ioctl", one_of(1, [TIOCSTI, TIOCLINUX]),
              why="pushing keystrokes into a terminal inherited from the parent runs commands in "
                  "the user's shell; Landlock's ioctl right does not cover descriptors opened "
