@@ -1,11 +1,15 @@
 """The three ways Python code runs confined, behind one call, for tests that try the same
-code through each: `execute` of the interpreter, `run_python`, and a session's cell."""
+code through each: `execute` of the interpreter, `run_python`, and a session's cell; and a
+session in a sandbox of its own, for tests that drive one."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
-from sandbox_kernel_ext import SandboxManager, SandboxResult
+from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager, SandboxResult
+from sandbox_kernel_ext.runner.trusted.session import PythonSession
 
 RUNNERS = ("execute", "run_python", "session")
 
@@ -22,3 +26,17 @@ def run_code(manager: SandboxManager, sandbox_id: str, interface: str, code: str
         return session.run_cell(code, timeout=timeout)
     finally:
         session.close()
+
+
+@contextlib.contextmanager
+def sandbox_session(manager: SandboxManager, policy: CapabilityDeclaration | None = None
+                    ) -> Iterator[PythonSession]:
+    """A session in a new sandbox of `policy` (the default policy by default), closed and its
+    sandbox destroyed at the end."""
+    sid = manager.create_sandbox(policy if policy is not None else CapabilityDeclaration())
+    session = manager.start_session(sid)
+    try:
+        yield session
+    finally:
+        session.close()
+        manager.destroy(sid)

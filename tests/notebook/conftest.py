@@ -278,6 +278,16 @@ def kernel(kernel_session: KernelSession) -> Iterator[KernelSession]:
     kernel_session.settle()
 
 
+def next_input_request(k: KernelSession) -> Message:
+    """The next message on the client's stdin channel (an input_request)."""
+    try:
+        msg = k.client.get_stdin_msg(timeout=LIVENESS)
+    except queue.Empty:
+        raise AssertionError(f"no input_request within {LIVENESS:g} s") from None
+    assert msg["msg_type"] == "input_request", msg
+    return msg
+
+
 def value(k: KernelSession, expression: str) -> Any:
     """A kernel-side expression's value (JSON), computed in the kernel itself."""
     msg_id = k.run(f"import json as _json; print(_json.dumps({expression}))")

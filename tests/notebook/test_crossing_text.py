@@ -5,11 +5,10 @@ the rest). A kernel driven through jupyter_client, as in test_sessions.
 
 from __future__ import annotations
 
-import queue
 import textwrap
 
 import pytest
-from conftest import LIVENESS, KernelSession, Message, value
+from conftest import KernelSession, next_input_request, value
 
 EXTENSION = "sandbox_kernel_ext"
 
@@ -21,15 +20,6 @@ def k(kernel: KernelSession) -> KernelSession:
     """The module's kernel with the extension loaded and its settings at their defaults."""
     kernel.run(f"%load_ext {EXTENSION}\n%config SandboxMagics.policy = ''")
     return kernel
-
-
-def _input_request(k: KernelSession) -> Message:
-    try:
-        msg = k.client.get_stdin_msg(timeout=LIVENESS)
-    except queue.Empty:
-        raise AssertionError(f"no input_request within {LIVENESS:g} s") from None
-    assert msg["msg_type"] == "input_request", msg
-    return msg
 
 
 def test_a_lone_surrogate_in_an_o_string_prints_in_the_kernel(k: KernelSession) -> None:
@@ -53,7 +43,7 @@ def test_a_many_line_prompt_asks_one_line_after_the_mark(k: KernelSession) -> No
              "Re-enter your password: ")
     msg_id = k.execute(f"%%sandbox --quiet --session prompts\nimport getpass\n"
                        f"got = getpass.getpass({spoof!r})")
-    request = _input_request(k)
+    request = next_input_request(k)
     k.client.input("not-a-real-password")
     k.wait_idle(msg_id)
     assert k.error(msg_id) is None, k.error(msg_id)

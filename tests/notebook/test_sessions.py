@@ -19,7 +19,14 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import LIVENESS, KernelSession, Message, error_line, running_kernel, value
+from conftest import (
+    LIVENESS,
+    KernelSession,
+    error_line,
+    next_input_request,
+    running_kernel,
+    value,
+)
 
 EXTENSION = "sandbox_kernel_ext"
 MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
@@ -91,16 +98,6 @@ def assert_isolated(markup: str, inner: str) -> None:
     assert 'sandbox="allow-scripts"' in tag and "allow-same-origin" not in markup
     assert inner in srcdoc(markup)
     assert inner not in markup  # only inside srcdoc, escaped: never markup of the page
-
-
-def next_input_request(k: KernelSession) -> Message:
-    """The next message on the client's stdin channel (an input_request)."""
-    try:
-        msg = k.client.get_stdin_msg(timeout=LIVENESS)
-    except queue.Empty:
-        raise AssertionError(f"no input_request within {LIVENESS:g} s") from None
-    assert msg["msg_type"] == "input_request", msg
-    return msg
 
 
 def live_pids(k: KernelSession) -> list[int]:

@@ -12,7 +12,6 @@ trusted side converted a sandbox's Markdown with no time bound (480 KB held a 2 
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import re
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import textwrap
 import unicodedata
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +30,8 @@ from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager
 from sandbox_kernel_ext.runner.linux import landlock
 from sandbox_kernel_ext.runner.trusted.control import CellEvents, ControlChannel
 from sandbox_kernel_ext.runner.trusted.crossing_text import stream_text
-from sandbox_kernel_ext.runner.trusted.session import PythonSession
+
+from interfaces import sandbox_session
 
 needs_landlock = pytest.mark.skipif(
     not sys.platform.startswith("linux") or landlock.landlock_abi() < 1, reason="needs Landlock")
@@ -52,17 +51,6 @@ RAW = textwrap.dedent("""\
     def frame(d):
         _raw.sendall((_json.dumps(d) + '\\n').encode())
 """)
-
-
-@contextlib.contextmanager
-def session(manager: SandboxManager) -> Iterator[PythonSession]:
-    sid = manager.create_sandbox(CapabilityDeclaration())
-    s = manager.start_session(sid)
-    try:
-        yield s
-    finally:
-        s.close()
-        manager.destroy(sid)
 
 
 def srcdoc(markup: str) -> str:
@@ -122,7 +110,7 @@ def test_output_variables_from_run_python_are_encodable(manager: SandboxManager)
 
 @needs_landlock
 def test_output_variables_from_a_session_are_encodable(manager: SandboxManager) -> None:
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(VARIABLES_CELL, outputs=["x", "y"])
     assert result.error is None and result.killed is None, result
     _assert_clean_variables(result.variables)
@@ -153,7 +141,7 @@ def test_a_prompt_reaches_the_person_as_one_marked_line(manager: SandboxManager)
         asked.append((prompt, password))
         return "typed"
 
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(f"import getpass\na = input({SPOOF!r})\n"
                             f"b = getpass.getpass('Token:\\n\\n')", outputs=["a", "b"],
                             on_input=answer)
@@ -227,7 +215,7 @@ def test_a_sessions_streams_lose_bidi_and_invisible_characters(manager: SandboxM
     code = ("import sys\nprint('\\x1b[31mred\\x1b[0m pay\\u202eusd\\u202c \\u2066x\\u2069 '"
             "'a\\u200bb\\u2060c\\ufeffd\\u200e\\u200f\\u061c\\U000e0041 \\U0001f469\\u200d\\U0001f4bb')\n"
             "print('err\\u202e', file=sys.stderr)")
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(code, on_output=lambda name, text: seen[name].append(text))
     expected = "\x1b[31mred\x1b[0m payusd x abcd \U0001f469\u200d\U0001f4bb\n"
     assert result.stdout == "".join(seen["stdout"]) == expected, ascii(seen)
@@ -248,7 +236,7 @@ def test_an_error_reports_names_cannot_add_lines(manager: SandboxManager) -> Non
         import time
         time.sleep(30)
     """)
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(code, cell=3, timeout=20)
     assert result.error is not None, result
     assert result.error["ename"] == "Boom \u21b5 PermissionError \u21b5 Fake: line"
@@ -275,7 +263,7 @@ def test_markdown_from_a_child_arrives_made_html_in_the_child(manager: SandboxMa
         frame_mimes = sorted(sent[0]['data'])
         Markdown('*y*')
     """)
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(code, outputs=["frame_mimes"])
     assert result.error is None and result.killed is None, result
     assert "text/html" in result.variables["frame_mimes"]
@@ -297,7 +285,7 @@ def test_markdown_without_html_shows_as_text_with_a_note(manager: SandboxManager
                   "'metadata': {}, 'display_id': None, 'update': False})\n"
                   "frame({'type': 'display', 'data': {'text/markdown': '**b**\\u202e',"
                   "'text/plain': 'plain'}, 'metadata': {}, 'display_id': None, 'update': False})")
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(code, timeout=60)
     assert result.error is None and result.killed is None, result
     big, small = (o["data"] for o in result.outputs)
@@ -336,7 +324,7 @@ def test_html_too_complex_to_check_in_time_shows_as_text_with_a_note(
     its text and one line saying why (it used to vanish)."""
     code = ("display({'text/html': '<a ' * 30000, 'text/plain': 'the text form'}, raw=True)\n"
             "display({'text/html': '<a ' * 30000}, raw=True)")
-    with session(manager) as s:
+    with sandbox_session(manager) as s:
         result = s.run_cell(code, timeout=60)
     assert result.error is None and result.killed is None, result
     with_text, without = (o["data"] for o in result.outputs)

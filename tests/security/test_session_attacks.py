@@ -44,6 +44,8 @@ from sandbox_kernel_ext.runner.trusted.display import MAX_BUNDLE_BYTES, WIDGET_N
 from sandbox_kernel_ext.runner.trusted.monitor import sample_tree
 from sandbox_kernel_ext.runner.trusted.session import PythonSession
 
+from interfaces import sandbox_session
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or landlock.landlock_abi() < 1, reason="needs Landlock"
 )
@@ -66,15 +68,9 @@ def _policy(**limits: Any) -> CapabilityDeclaration:
     return CapabilityDeclaration(resource_limits=ResourceLimits(**limits))
 
 
-@contextlib.contextmanager
-def session(manager: SandboxManager, **limits: Any) -> Iterator[PythonSession]:
-    sid = manager.create_sandbox(_policy(**limits))
-    s = manager.start_session(sid)
-    try:
-        yield s
-    finally:
-        s.close()
-        manager.destroy(sid)
+def session(manager: SandboxManager, **limits: Any) -> contextlib.AbstractContextManager[PythonSession]:
+    """A session in a sandbox of its own, with these resource limits."""
+    return sandbox_session(manager, _policy(**limits))
 
 
 def wait_until(check: Any, timeout: float = LIVENESS, pause: float = 0.05) -> Any:

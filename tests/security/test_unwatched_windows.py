@@ -9,7 +9,6 @@ the test then waits for what the budget should do, never for a fixed time.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import textwrap
 import time
@@ -21,6 +20,8 @@ import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, ResourceLimits, SandboxManager
 from sandbox_kernel_ext.runner.linux import landlock
+
+from interfaces import sandbox_session
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or landlock.landlock_abi() < 1, reason="needs Landlock"
@@ -87,17 +88,6 @@ def test_memory_is_watched_after_the_output_closes(manager) -> None:
     assert "memory" in _killed(result)
 
 
-@contextlib.contextmanager
-def _session(manager: SandboxManager, **limits: Any) -> Iterator[Any]:
-    sid = manager.create_sandbox(_policy(**limits))
-    session = manager.start_session(sid)
-    try:
-        yield session
-    finally:
-        session.close()
-        manager.destroy(sid)
-
-
 def _until_gone(pid: int) -> None:
     """Hold the caller (a person reading a prompt, a display being drawn) until the
     process `pid` has ended, or `PATIENCE` has passed."""
@@ -112,7 +102,7 @@ def _until_gone(pid: int) -> None:
 
 
 def test_memory_is_watched_while_the_caller_answers_an_input(manager) -> None:
-    with _session(manager, max_memory_mb=256) as session:
+    with sandbox_session(manager, _policy(max_memory_mb=256)) as session:
         def person(prompt: str, password: bool) -> str:
             _until_gone(session.pid)
             return ""
@@ -122,7 +112,7 @@ def test_memory_is_watched_while_the_caller_answers_an_input(manager) -> None:
 
 
 def test_memory_is_watched_while_the_caller_shows_a_display(manager) -> None:
-    with _session(manager, max_memory_mb=256) as session:
+    with sandbox_session(manager, _policy(max_memory_mb=256)) as session:
         result = session.run_cell(HOGS + "display('a chart')\n",
                                   on_display=lambda output: _until_gone(session.pid),
                                   timeout=PATIENCE)
