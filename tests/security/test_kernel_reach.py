@@ -52,12 +52,6 @@ def manager() -> Iterator[SandboxManager]:
         yield made
 
 
-def _launcher_pid(manager: SandboxManager) -> int:
-    pid = manager._launcher.pid  # the fork server this manager started
-    assert pid is not None
-    return pid
-
-
 def _limits(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/limits") as limits:
         return {line[:26].strip(): line[26:].split()[0] for line in limits.readlines()[1:]}
@@ -67,7 +61,8 @@ def test_a_child_changes_no_limit_but_its_own(manager) -> None:
     sid = manager.create_sandbox(CapabilityDeclaration())
     manager.run_python(sid, "pass")  # the launcher runs from the first run
     kernel_before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    launcher = _launcher_pid(manager)
+    launcher = manager.launcher_pid  # the fork server this manager started
+    assert launcher is not None
     code = ATTACK.replace("KERNEL", str(os.getpid())).replace("LAUNCHER", str(launcher))
     result = manager.run_python(sid, code, outputs=["results"])
     manager.destroy(sid)
@@ -89,7 +84,8 @@ def test_the_kernel_and_the_launcher_write_no_core(manager) -> None:
     manager.run_python(sid, "pass")
     manager.destroy(sid)
     assert resource.getrlimit(resource.RLIMIT_CORE)[0] == 0
-    launcher = _limits(_launcher_pid(manager))["Max core file size"]
+    assert manager.launcher_pid is not None
+    launcher = _limits(manager.launcher_pid)["Max core file size"]
     assert launcher == "0"
 
 

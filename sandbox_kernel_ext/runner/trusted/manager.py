@@ -784,14 +784,22 @@ class SandboxManager:
             sandbox.kill_reason = reason
         child.kill()
 
+    def _time_left(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
+                   timeout: float) -> float:
+        """Seconds the run has left on its clock (which stops while a person is asked); at
+        none, the child is killed for its timeout."""
+        remaining = timeout - monitor.elapsed()
+        if remaining <= 0 and sandbox.kill_reason is None:
+            self._breach(sandbox, child, f"timeout after {timeout:g} s")
+        return remaining
+
     def _await_exit(self, sandbox: _Sandbox, child: SpawnedChild, monitor: ResourceMonitor,
                     timeout: float) -> None:
         """Wait for the child once its pipes have ended: it may have closed them and run on,
         so the timeout still holds (beside the monitor's), and a child that a kill does not
         end within `EXIT_GRACE` seconds is given up on rather than waited for forever."""
         while not child.exited.wait(0.25):
-            if sandbox.kill_reason is None and monitor.elapsed() >= timeout:
-                self._breach(sandbox, child, f"timeout after {timeout:g} s")
+            self._time_left(sandbox, child, monitor, timeout)
             if sandbox.kill_reason is not None:
                 if not child.exited.wait(EXIT_GRACE):
                     logger.warning("sandbox %s: its child did not end within %g s of a kill",
@@ -807,9 +815,7 @@ class SandboxManager:
         monitor's clock, which stops while a person is asked."""
 
         def tick() -> float:
-            remaining = timeout - monitor.elapsed()
-            if remaining <= 0 and sandbox.kill_reason is None:
-                self._breach(sandbox, child, f"timeout after {timeout:g} s")
+            remaining = self._time_left(sandbox, child, monitor, timeout)
             wait = max(min(remaining, 0.5), 0.05)
             if wake_at is not None:  # `until` may turn true then with no data to wake us
                 wait = max(0.0, min(wait, wake_at - time.monotonic()))
