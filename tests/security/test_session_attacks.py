@@ -602,7 +602,10 @@ def _interrupt_when_ready(s: PythonSession, code: str) -> tuple[Any, list[int]]:
     "while True: pass",
     "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
     "print('ready', flush=True)\nwhile True: pass",
-    "import time\nprint('ready', flush=True)\nwhile True:\n    try:\n        time.sleep(10)\n"
+    # 'ready' is printed inside the loop that swallows interrupts: printed before it, an
+    # interrupt could land while the print was still flushing (seen in CI), outside the try.
+    "import time\nready = False\nwhile True:\n    try:\n        if not ready:\n"
+    "            print('ready', flush=True)\n            ready = True\n        time.sleep(10)\n"
     "    except KeyboardInterrupt:\n        pass",
     "import os, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
     "if os.fork() == 0:\n    print('ready', flush=True)\n    while True: pass\nos.wait()",
