@@ -74,6 +74,10 @@ class ChildPlan:
     # mounts, each bound read-only and the folders above it inside its writable root made
     # mounts too (a mount cannot be renamed away); without, already left out of write_paths.
     protected_paths: list[str] = field(default_factory=list)
+    # Folders Python imports from by name inside the writable ones (the kernel's working
+    # directory, its sys.path): bound read-only over their entries, each bound as it is, so
+    # what is there stays writable and nothing new can be named at their top level.
+    closed_folders: list[str] = field(default_factory=list)
     # "Read everywhere" lists / itself too: a Landlock rule to list every folder (names
     # only), given where whatever may not be read is hidden under mounts and /proc is private.
     list_everywhere: bool = False
@@ -96,7 +100,8 @@ class ChildPlan:
         one comparable string; the rest of a plan (command, environment, folder, rlimits,
         identity checks aside) is the run's own."""
         return json.dumps([self.read_paths, self.write_paths, self.hidden_paths,
-                           self.owner_mapped, self.protected_paths, self.list_everywhere, self.uid, self.gid, self.proxy_port,
+                           self.owner_mapped, self.protected_paths, self.closed_folders,
+                           self.list_everywhere, self.uid, self.gid, self.proxy_port,
                            self.view_stamp, self.private_proc, self.private_shm],
                           sort_keys=True)
 

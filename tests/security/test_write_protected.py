@@ -26,10 +26,6 @@ from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
 from interfaces import RUNNERS, run_code
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-# Without a mount namespace Landlock leaves the protected paths out of the write rules, which
-# also leaves the folders on the way to them without a rule of their own: nothing new can be
-# made at a protected path's folder then (the policy reference says so).
-NEW_AT_TOP = hidden_by_mounts()
 
 ORIGINAL = "original\n"
 # Relative to the project: each must stay as it was.
@@ -106,7 +102,7 @@ for folder in ('.git', '.venv', '.venv/lib', 'pkg', 'home'):
     attempt('rename folder ' + folder,
             lambda: os.rename(os.path.join(root, folder), os.path.join(root, 'moved-' + folder.replace('/', '_'))))
 attempt('control', lambda: open(os.path.join(root, 'notes.txt'), 'a').write('changed\n'))
-attempt('control new', lambda: open(os.path.join(root, 'made.txt'), 'w').write('new\n'))
+attempt('control new', lambda: open(os.path.join(root, 'conf', 'made.txt'), 'w').write('new\n'))
 print(outcome)
 """
 
@@ -117,7 +113,7 @@ def _attack_code(root: Path) -> str:
 
 def _check_host(root: Path) -> None:
     assert (root / "notes.txt").read_text() == ORIGINAL + "changed\n"  # the control did run
-    assert (root / "made.txt").exists() is NEW_AT_TOP
+    assert (root / "conf" / "made.txt").read_text() == "new\n"  # a subfolder takes new names
     for name in PLANTED:
         if name == "policy.yaml":
             assert "writable_paths: [.]" in (root / name).read_text()
@@ -279,3 +275,84 @@ except OSError:
     for name in ("pyvenv.cfg", "bin/activate", "bin/jupyter"):
         assert (venv / name).read_text() == ORIGINAL
     assert os.readlink(venv / "bin" / "python") == "/usr/bin/python3"
+
+
+# New names at the top of a folder Python imports from first (the kernel's working directory,
+# a folder on its sys.path): each would run in the next kernel started there, or in this one
+# at its next import of that name. Each must not appear on the host.
+PLANT_NEW = r"""
+import os
+outcome = {}
+def attempt(label, action):
+    try:
+        action()
+        outcome[label] = 'done'
+    except OSError as exc:
+        outcome[label] = type(exc).__name__
+for top in TOPS:
+    attempt('launcher ' + top, lambda: open(os.path.join(top, 'ipykernel_launcher.py'), 'w').write('planted'))
+    attempt('shadow ' + top, lambda: open(os.path.join(top, 'pandas.py'), 'x').write('planted'))
+    attempt('pth ' + top, lambda: open(os.path.join(top, 'evil.pth'), 'w').write('import os'))
+    attempt('package ' + top, lambda: os.mkdir(os.path.join(top, 'newpkg')))
+    attempt('symlink ' + top, lambda: os.symlink('/tmp', os.path.join(top, 'linked.py')))
+    attempt('hard link ' + top, lambda: os.link(os.path.join(top, 'sub', 'seed.py'), os.path.join(top, 'seed.py')))
+    attempt('moved in ' + top, lambda: os.rename(os.path.join(top, 'sub', 'seed.py'), os.path.join(top, 'moved.py')))
+    attempt('fifo ' + top, lambda: os.mkfifo(os.path.join(top, 'fifo.py')))
+    attempt('control ' + top, lambda: open(os.path.join(top, 'data.csv'), 'a').write('more'))
+    attempt('control sub ' + top, lambda: open(os.path.join(top, 'sub', 'new.py'), 'w').write('fine'))
+print(sorted(outcome.items()))
+"""
+
+
+@pytest.mark.parametrize("interface", RUNNERS)
+def test_no_new_name_appears_where_python_imports_first(project: Path, interface: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the issue's review: a cell that may write the kernel's working directory
+    planted `ipykernel_launcher.py` there, which the next kernel start ran unconfined. The
+    working directory and a folder on the kernel's `sys.path` inside the writable project:
+    what is in them stays writable, nothing new can be named at their top."""
+    on_path = project / "src"
+    tops = [project, on_path]
+    for top in tops:
+        (top / "sub").mkdir(parents=True, exist_ok=True)
+        (top / "sub" / "seed.py").write_text(ORIGINAL)
+        (top / "data.csv").write_text(ORIGINAL)
+    subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+    monkeypatch.syspath_prepend(str(on_path))
+    before = {top: sorted(os.listdir(top)) for top in tops}
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = run_code(manager, sid, interface, f"TOPS = {[str(t) for t in tops]!r}\n" + PLANT_NEW)
+    assert result.exit_code == 0, result
+    for top in tops:
+        assert sorted(os.listdir(top)) == before[top], (top, result.stdout)
+        assert (top / "data.csv").read_text() == ORIGINAL + "more", result.stdout
+        assert (top / "sub" / "new.py").read_text() == "fine", result.stdout
+        assert (top / "sub" / "seed.py").read_text() == ORIGINAL
+
+
+@pytest.mark.skipif(hidden_by_mounts(), reason="the rules for a folder's entries one by one "
+                    "are made only where there are no mounts")
+def test_a_link_at_a_closed_folders_top_grants_nothing_outside(project: Path) -> None:
+    """Without mounts the working directory's entries become Landlock rules one by one; a
+    rule follows a link, so a link there to a folder the policy never named must not become
+    one (`data -> /mnt/disk`)."""
+    outside = Path(tempfile.mkdtemp(prefix="sbxout-"))
+    try:
+        os.chmod(outside, 0o777)
+        os.symlink(outside, project / "elsewhere")
+        policy = CapabilityParser.from_file(project / "policy.yaml")
+        with SandboxManager() as manager:
+            sid = manager.create_sandbox(policy)
+            result = manager.run_python(sid, f"""
+try:
+    open({str(project / 'elsewhere' / 'new.txt')!r}, 'w').write('x')
+    print('written')
+except OSError as exc:
+    print('refused', type(exc).__name__)
+""")
+        assert "refused" in result.stdout, result
+        assert not (outside / "new.txt").exists()
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)

@@ -162,25 +162,26 @@ def python_write_set() -> list[str]:
     return ["/dev/null"]
 
 
-def cover_except(root: str, denied: Iterable[str]) -> list[str]:
-    """Rules that cover ``root`` minus every path in ``denied``.
+def cover_except(root: str, denied: Iterable[str], closed: Iterable[str] = ()) -> list[str]:
+    """Rules that cover ``root`` minus every path in ``denied``, and minus the top level of
+    each folder in ``closed`` (its entries are covered, the folder itself is not).
 
     Landlock only allows, so a denial beneath an allowed folder is expressed by granting that
     folder's other children instead, recursively along the path to each denied entry. Only
-    folders on those paths are listed. A symlink is granted only when its target lies clear of
-    every denied path (a rule follows the link, so ``~/keys -> ~/.ssh`` would grant ``.ssh``).
+    folders on those paths are listed. A symlink is never a rule: a rule follows the link, so
+    ``~/keys -> ~/.ssh`` would grant ``.ssh`` and ``data -> /mnt/disk`` a folder the policy
+    never named (or the link could be swapped before the child opens it); what a link inside
+    ``root`` points at is covered by the rules for its own place.
     """
     # the folders above resolved, not a denied path's own name (see credential_paths)
     denied_set = {os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
                   for path in denied}
-
-    def clear(path: str) -> bool:
-        return not any(is_within(path, bad) or is_within(bad, path) for bad in denied_set)
+    closed_set = {os.path.realpath(folder) for folder in closed}
 
     def walk(folder: str) -> list[str]:
         if folder in denied_set:
             return []
-        if not any(is_within(bad, folder) for bad in denied_set):
+        if not any(is_within(bad, folder) for bad in (*denied_set, *closed_set)):
             return [folder]
         grants: list[str] = []
         try:
@@ -189,10 +190,8 @@ def cover_except(root: str, denied: Iterable[str]) -> list[str]:
             return []
         for entry in entries:
             if entry.is_symlink():
-                target = resolved(entry.path)
-                if target is not None and clear(target) and os.path.exists(target):
-                    grants.append(entry.path)
-            elif entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.is_dir(follow_symlinks=False):
                 grants.extend(walk(entry.path))
             elif entry.path not in denied_set:
                 grants.append(entry.path)

@@ -37,7 +37,7 @@ from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within, outermost, within_any
 from ..wire import ChildPlan
 from . import host_reads
-from .write_protected import write_protected_paths
+from .write_protected import import_folders, write_protected_paths
 from .isolation import network_namespaces, private_mounts, read_only_view_available
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "PROXY_PORT"]
@@ -141,20 +141,23 @@ def _everywhere_read_set() -> tuple[str, ...]:
 
 
 def split_around_denied(readable: list[str], denied: Iterable[str],
-                        named: Iterable[str]) -> list[str]:
+                        named: Iterable[str], *, closed: Iterable[str] = ()) -> list[str]:
     """Without mounts to hide them: each readable folder that holds a denied path the policy
     does not name itself, as rules for everything in it but that path (`cover_except`),
     listed anew at each run, so a folder or file made since is readable and a store made
     since is not. A readable path inside a denied one that the policy does not name (a
-    link planted where a policy path was, `data -> ~/.aws`) is left out."""
+    link planted where a policy path was, `data -> ~/.aws`) is left out. A `closed` folder
+    becomes rules for its entries, none for itself: nothing new can be made at its top."""
     named = set(named)
     denied = [path for path in dict.fromkeys(denied) if path not in named]
+    closed = list(closed)
     rules: list[str] = []
     for path in readable:
         if path not in named and any(is_within(path, bad) for bad in denied):
             continue
         inside = [bad for bad in denied if is_within(bad, path)]
-        rules += host_reads.cover_except(path, inside) if inside else [path]
+        shut = [folder for folder in closed if is_within(folder, path)]
+        rules += host_reads.cover_except(path, inside, closed=shut) if inside or shut else [path]
     return list(dict.fromkeys(rules))
 
 
@@ -599,7 +602,8 @@ def build_plan(
     child_env, argv = _environment_and_command(capability, kind, argv, home, env, proxy_port)
     folders = [path for path in writable if os.path.isdir(path)]  # a writable file is no cwd
     workdir = os.path.realpath(cwd) if cwd else (folders[0] if folders else home)
-    protected, readable, writable = _write_protection(capability, readable, writable, named)
+    protected, closed, readable, writable = _write_protection(capability, readable,
+                                                              writable, named)
     write_paths = [home, *writable, *host_reads.python_write_set()]
     read_paths = [*runtime_read_set(), *readable]
     _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
@@ -616,6 +620,7 @@ def build_plan(
     # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
     versions: list[object] = [_identity(path) for path
                               in (*read_paths, *write_paths, *owner_mapped, *protected)]
+    versions += [_listing_identity(folder) for folder in closed]  # whose entries it binds
     present = present_hidden(hidden, versions)  # adds the hidden folders' and entries'
     return ChildPlan(
         kind=kind,
@@ -632,6 +637,7 @@ def build_plan(
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
         protected_paths=protected if hidden_by_mounts() else [],
+        closed_folders=closed if hidden_by_mounts() else [],
         list_everywhere=mounts["proc"] and hidden_by_mounts() and _reads_everywhere(granted_reads),
         private_proc=mounts["proc"],
         private_shm=mounts["dev_shm"],
@@ -669,18 +675,22 @@ def _refuse_homes(readable: list[str], writable: list[str],
 
 def _write_protection(capability: CapabilityDeclaration, readable: list[str],
                       writable: list[str], named: list[str]
-                      ) -> tuple[list[str], list[str], list[str]]:
-    """(the protected paths inside the writable ones, readable, writable): with mounts the
-    child binds the protected paths read-only; without, Landlock only allows, so a writable
-    folder holding one becomes rules for its other entries (its own top level, and each
-    folder on the way, only readable)."""
+                      ) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(the protected paths inside the writable ones, the folders closed to new names,
+    readable, writable): with mounts the child binds the protected paths read-only and each
+    closed folder read-only over its entries bound as they are; without, Landlock only
+    allows, so a writable folder holding either becomes rules for its other entries (its own
+    top level, and each folder on the way, only readable)."""
     named_writable = [path for path in named if path in writable]
-    protected = write_protected_paths(writable, kernel_workdirs(), _policy_file(capability),
+    workdirs = kernel_workdirs()
+    protected = write_protected_paths(writable, workdirs, _policy_file(capability),
                                       named_writable)
-    if protected and not hidden_by_mounts():
-        return protected, [*readable, *writable], split_around_denied(writable, protected,
-                                                                     named_writable)
-    return protected, readable, writable
+    closed = [folder for folder in import_folders(writable, workdirs)
+              if not any(is_within(folder, path) for path in protected)]
+    if (protected or closed) and not hidden_by_mounts():
+        return protected, closed, [*readable, *writable], split_around_denied(
+            writable, protected, named_writable, closed=closed)
+    return protected, closed, readable, writable
 
 
 def _reads_everywhere(readable: list[str]) -> bool:
@@ -708,3 +718,12 @@ def _identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return info.st_dev, info.st_ino
+
+
+def _listing_identity(folder: str) -> tuple[int, int, int] | None:
+    """A folder's identity and the time its list of names last changed."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_mtime_ns

@@ -10,9 +10,12 @@ mount, or without mounts Landlock rules that leave it out), and cannot be rename
 A policy that names one of these paths itself in `writable_paths` (or as an `rw` root) opts
 in to writing it.
 
-What this cannot stop: a file of such a name that does not exist yet being created inside a
-writable folder (neither Landlock nor mounts can refuse one name and allow the rest). The
-policy reference says so, with the way to keep a folder free of them.
+Neither Landlock nor mounts can refuse one new name and allow the rest, so the folders Python
+imports from by name first (the kernel's working directory and its `sys.path` folders, where a
+writable folder holds them) are closed instead (`import_folders`): what is in them stays
+writable as granted, but no new name can be made at their top level, where a planted
+`ipykernel_launcher.py` or `pandas.py` would be imported. Elsewhere a file of a protected name
+that does not exist yet can still be created; the policy reference says so.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ...policy.credential_stores import home_folders
 from ...policy.paths import outermost, within_any
 from .host_reads import resolved
 
-__all__ = ["write_protected_paths", "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
+__all__ = ["write_protected_paths", "import_folders", "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
 
 # Beneath a home folder: what a login, a shell, an editor or git runs or reads commands from.
 HOME_STARTUP_PATHS = (
@@ -73,11 +76,11 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     def inside(path: str) -> bool:
         return within_any(path, roots) is not None
 
-    site_folders, import_folders = _python_and_jupyter_folders(tuple(sys.path))
-    import_folders = [folder for folder in [*workdirs, *import_folders] if inside(folder)]
+    site_folders = _python_and_jupyter_folders(tuple(sys.path))[0]
+    by_name = import_folders(writable, workdirs)
     found: list[str] = []
-    for folder in dict.fromkeys([*writable, *import_folders]):
-        found += _protected_in(folder, importable=folder in import_folders)
+    for folder in dict.fromkeys([*writable, *by_name]):
+        found += _protected_in(folder, importable=folder in by_name)
     others = [resolved(policy_file) or policy_file] if policy_file else []
     for home in _homes():
         if inside(home):
@@ -87,6 +90,16 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     named = set(named)
     return outermost([path for path in dict.fromkeys(found)
                        if path not in named and path not in roots])
+
+
+def import_folders(writable: Iterable[str], workdirs: Iterable[str]) -> list[str]:
+    """The folders inside `writable` ones that `import NAME` searches before anything
+    installed: `workdirs` (where a kernel or a Python started by the person begins) and the
+    rest of this kernel's `sys.path`. A run may not add a name at their top level."""
+    roots = {path for path in writable if os.path.isdir(path)}
+    by_name = _python_and_jupyter_folders(tuple(sys.path))[1]
+    return [folder for folder in dict.fromkeys([*workdirs, *by_name])
+            if within_any(folder, roots) is not None and os.path.isdir(folder)]
 
 
 def _protected_in(folder: str, *, importable: bool) -> list[str]:
