@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from sandbox_kernel_ext import FileLimits, FileSystemToolset, PathConfig, Sandbox, SandboxConfig
-from sandbox_kernel_ext.files.toolset import _glob
+from sandbox_kernel_ext.files.glob_pattern import glob_matcher
 
 
 def matches(pattern: str, path: str) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a pattern the regex engine finds ambiguous is a bug too
-        return _glob(pattern)(path) is not None
+        return glob_matcher(pattern)(path) is not None
 
 
 # ------------------------------------------------------------ the separator

@@ -42,6 +42,15 @@ class EscapeRefused(Exception):
         super().__init__(reason)
 
 
+class WriteRefused(Exception):
+    """A change the write guard refuses (`policy.write_protected.WriteGuard`); `reason`
+    names no host path."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
 def validate_rel(rel: Rel) -> Rel:
     """Refuse components that could climb or split; the host backend passes final names
     straight to `*at()` calls, so this check is what keeps `unlink('..', dir_fd)` out."""

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import BinaryIO, Literal
 
 from ..policy.paths import is_within
+from ..policy.write_protected import WriteGuard
 from .backend import (
     CHECK_EVERY,
     EntryInfo,
@@ -27,6 +28,7 @@ from .backend import (
     EscapeRefused,
     FileBackend,
     Rel,
+    WriteRefused,
     kind_of_mode,
     refuse_replacing,
     validate_rel,
@@ -292,13 +294,15 @@ class HostBackend(FileBackend):
     _root_fd = -1  # so __del__ is safe when __init__ failed
 
     def __init__(self, root: str | os.PathLike[str] | int, *, deny_symlinks: bool = False,
-                 hidden: Iterable[str] = ()) -> None:
+                 hidden: Iterable[str] = (), write_guard: WriteGuard | None = None) -> None:
         """`root` is a folder's path, or a directory fd the backend takes ownership of.
         `hidden`: real host paths beneath the root that no operation reaches, however it is
         spelled or linked to (`policy.credential_stores.never_read_inside`); they are left
-        out of listings, and the object each operation ends on is judged by its real path."""
+        out of listings, and the object each operation ends on is judged by its real path.
+        `write_guard`: judges each change by the real folder it happens in."""
         self.deny_symlinks = deny_symlinks
         self.hidden = tuple(hidden)
+        self.write_guard = write_guard
         self._lock = threading.Lock()
         self._users = 0
         self._closed = False
@@ -377,6 +381,17 @@ class HostBackend(FileBackend):
         if self.hidden:
             real = _real_path(parent_fd)
             self._refuse_hidden(None if real is None else os.path.join(real, name))
+
+    def _refuse_change(self, parent_fd: int, name: str, *, creates: bool,
+                       is_folder: bool = False) -> None:
+        """WriteRefused when the write guard refuses changing `name` in this folder."""
+        if self.write_guard is None:
+            return
+        real = _real_path(parent_fd)
+        reason = ("the folder's place on this machine cannot be told" if real is None else
+                  self.write_guard.refusal(real, name, creates=creates, is_folder=is_folder))
+        if reason:
+            raise WriteRefused(reason)
 
     def _visible(self, dir_fd: int, entries: list[tuple[str, EntryInfo]]) -> list[tuple[str, EntryInfo]]:
         """A listing without the hidden entries."""
@@ -496,6 +511,7 @@ class HostBackend(FileBackend):
             refuse_replacing(
                 None if existing is None else kind_of_mode(existing.st_mode), exclusive=exclusive, rel=rel
             )
+            self._refuse_change(parent_fd, name, creates=existing is None)
             temp_name, temp_fd = _create_temp(parent_fd, name, existing)
             committed = False
             try:
@@ -522,6 +538,7 @@ class HostBackend(FileBackend):
             raise IsADirectoryError(errno.EISDIR, "the root is a directory", ".")
         with self._parent_dir(rel) as parent_fd:
             self._refuse_hidden_name(parent_fd, rel[-1])
+            self._refuse_change(parent_fd, rel[-1], creates=False)
             os.unlink(rel[-1], dir_fd=parent_fd)  # EISDIR for a directory on Linux
 
     def rename(self, src: Rel, dst: Rel) -> None:
@@ -531,10 +548,14 @@ class HostBackend(FileBackend):
             raise OSError(errno.EBUSY, "cannot rename the root itself")
         with self._parent_dir(src) as src_fd:
             self._refuse_hidden_name(src_fd, src[-1])
-            if _lstat_at(src_fd, src[-1]) is None:  # before creating dst's folders
+            moved = _lstat_at(src_fd, src[-1])
+            if moved is None:  # before creating dst's folders
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), _rel_text(src))
+            self._refuse_change(src_fd, src[-1], creates=False)
             with self._parent_dir(dst, create=True) as dst_fd:
                 self._refuse_hidden_name(dst_fd, dst[-1])
+                self._refuse_change(dst_fd, dst[-1], creates=True,
+                                    is_folder=stat.S_ISDIR(moved.st_mode))
                 _rename_noreplace(src_fd, src[-1], dst_fd, dst[-1])
 
     def scandir(
@@ -568,7 +589,8 @@ class HostBackend(FileBackend):
         through it cannot leave that folder, even by a symlink that stays in this root."""
         validate_rel(rel)
         fd = self._open(rel, _DIR_LOOKUP)
-        return HostBackend(fd, deny_symlinks=self.deny_symlinks, hidden=self.hidden)
+        return HostBackend(fd, deny_symlinks=self.deny_symlinks, hidden=self.hidden,
+                           write_guard=self.write_guard)
 
     def mkdirs(self, rel: Rel) -> None:
         validate_rel(rel)
@@ -581,6 +603,8 @@ class HostBackend(FileBackend):
             parent_fd = self._open(rel[:depth], _DIR_LOOKUP)
             try:
                 self._refuse_hidden_name(parent_fd, rel[depth])  # nor a store's folder made
+                if _lstat_at(parent_fd, rel[depth]) is None:
+                    self._refuse_change(parent_fd, rel[depth], creates=True, is_folder=True)
                 os.mkdir(rel[depth], 0o777, dir_fd=parent_fd)
             except FileExistsError:
                 pass  # a folder, or something the next open refuses

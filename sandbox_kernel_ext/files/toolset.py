@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from ..policy.errors import (
     PathExistsError,
     PathNotFoundError,
     PathNotInSandboxError,
+    PathNotWritableError,
     QuotaExceededError,
     SandboxError,
     ToolError,
@@ -48,9 +48,12 @@ from ..policy.file_limits import FileLimits
 from ..policy.models import CapabilityDeclaration
 from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, VirtualPath
+from ..policy.write_protected import WriteGuard
 from .call_approval import CallApproval, call_key, leave_ticket, take_ticket
-from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend
+from .byte_streams import CHUNK, capped_lines, copy_at_most, read_chunks, looks_binary
+from .backend import CHECK_EVERY, EntryInfo, EscapeRefused, FileBackend, WriteRefused
 from .deadline import Deadline
+from .glob_pattern import glob_matcher
 from .host_backend import TEMP_SUFFIX, HostBackend, open_root
 from .results import (
     ChangeResult,
@@ -66,7 +69,6 @@ from .store_backend import StoreBackend
 from .text_slice import read_text_slice
 from .tool_schemas import FILE_TOOLS, TOOLS_BY_NAME, ToolSpec, function_definition
 
-_CHUNK = 1 << 16
 _SNIFF = 8192
 _PREVIEW_CHARS = 1500
 _DIFF_BYTES = 4 * _PREVIEW_CHARS * 4  # larger files get their sizes, not a diff
@@ -138,6 +140,9 @@ class FileSystemToolset:
         self._backends: dict[tuple, FileBackend] = {}
         self._ledgers: dict[str | None, StorageLedger] = {}
         self._setup_lock = threading.RLock()
+        # what runs outside any sandbox stays as it is inside the writable roots, as in a run
+        writable = sandbox.host_write_roots()
+        self._write_guard = WriteGuard(writable, sandbox.policy_file, writable) if writable else None
 
     # ---------------------------------------------------------------- building
     @classmethod
@@ -197,7 +202,8 @@ class FileSystemToolset:
                     try:
                         root = self._sandbox.host_root(vp)  # resolved when it was read
                         backend = HostBackend(open_root(root), deny_symlinks=self.limits.deny_symlinks,
-                                              hidden=never_read_inside(root, self._sandbox.never_read))
+                                              hidden=never_read_inside(root, self._sandbox.never_read),
+                                              write_guard=self._write_guard)
                     except OSError:
                         raise PathNotFoundError(str(vp.at(())), "is a root whose folder is missing or not a folder") from None
                 self._backends[key] = backend
@@ -283,6 +289,8 @@ class FileSystemToolset:
             raise PathNotInSandboxError(
                 str(vp), exc.reason, self._sandbox.readable_roots, self._sandbox.writable_roots
             ) from None
+        except WriteRefused as exc:
+            raise PathNotWritableError(str(vp), exc.reason, self._sandbox.writable_roots) from None
         except FileNotFoundError:
             raise PathNotFoundError(str(vp)) from None
         except IsADirectoryError:
@@ -367,7 +375,7 @@ class FileSystemToolset:
                 self._check_size(vp, config, info.size)
                 mime = mimetypes.guess_type(vp.name)[0]
                 head = f.read(_SNIFF)
-                if _looks_binary(head, mime):
+                if looks_binary(head, mime):
                     f.seek(min(offset, info.size))
                     data = f.read(max_chars)
                     return ReadResult(
@@ -415,10 +423,10 @@ class FileSystemToolset:
             f, info = self._open_read(vp)
             with f:
                 self._check_size(vp, config, info.size)
-                if _looks_binary(f.read(_SNIFF), mimetypes.guess_type(vp.name)[0]):
+                if looks_binary(f.read(_SNIFF), mimetypes.guess_type(vp.name)[0]):
                     raise FilesystemError(f"'{vp}' is binary; use read() to get it as base64.")
                 f.seek(0)
-                for number, (raw, dropped) in enumerate(_capped_lines(f, cap * 4), start=1):
+                for number, (raw, dropped) in enumerate(capped_lines(f, cap * 4), start=1):
                     if number % 1024 == 0:
                         deadline.check()
                     if number < start_line:
@@ -500,9 +508,9 @@ class FileSystemToolset:
             where = self._at(vp, "write")
             with self._io(vp), where.backend.atomic_writer(where.rel) as out:
                 for chunk in chunks:
-                    for i in range(0, len(chunk), _CHUNK):
+                    for i in range(0, len(chunk), CHUNK):
                         deadline.check()
-                        out.write(chunk[i : i + _CHUNK])
+                        out.write(chunk[i : i + CHUNK])
         except BaseException:
             ledger.reserve(-delta, None, "")
             raise
@@ -545,7 +553,7 @@ class FileSystemToolset:
                 f, info = self._open_read(vp)
                 with f:
                     self._check_write_size(vp, config, info.size)
-                    for chunk in _chunks(f, info.size):
+                    for chunk in read_chunks(f, info.size):
                         os.write(fd, chunk)
                 os.lseek(fd, 0, os.SEEK_SET)
         except BaseException:
@@ -566,7 +574,7 @@ class FileSystemToolset:
             size = os.fstat(write.fd).st_size
             self._check_write_size(vp, config, size)
             snapshot = _anonymous_file()
-            copied = _copy_at_most(write.fd, snapshot, size)
+            copied = copy_at_most(write.fd, snapshot, size)
             write.discard()
             old = self._existing_file(vp)
             head = os.pread(snapshot, min(copied, _DIFF_BYTES + 1), 0)
@@ -583,8 +591,8 @@ class FileSystemToolset:
                     where = self._at(vp, "write")
                     with self._io(vp), where.backend.atomic_writer(
                             where.rel, exclusive=write.exclusive) as out:
-                        for offset in range(0, copied, _CHUNK):
-                            out.write(os.pread(snapshot, min(_CHUNK, copied - offset), offset))
+                        for offset in range(0, copied, CHUNK):
+                            out.write(os.pread(snapshot, min(CHUNK, copied - offset), offset))
                 except BaseException:
                     ledger.reserve(-delta, None, "")
                     raise
@@ -604,7 +612,7 @@ class FileSystemToolset:
             with f:
                 self._check_size(vp, config, info.size)
                 parts = []
-                for chunk in _chunks(f, info.size):
+                for chunk in read_chunks(f, info.size):
                     deadline.check()
                     parts.append(chunk)
         try:
@@ -724,7 +732,7 @@ class FileSystemToolset:
                     with self._io(dst):
                         here.backend.rename(here.rel, there.rel)
                 else:
-                    self._store(dst, _chunks(f, info.size), info.size, None, f"{op} to '{dst}'")
+                    self._store(dst, read_chunks(f, info.size), info.size, None, f"{op} to '{dst}'")
                     if remove_source:
                         with self._io(src):
                             here.backend.delete(here.rel)
@@ -754,7 +762,7 @@ class FileSystemToolset:
 
     def find_files(self, path: str = ".", pattern: str = "**/*") -> ListResult:
         try:
-            matcher = _glob(pattern)
+            matcher = glob_matcher(pattern)
         except re.error as exc:
             raise FilesystemError(f"'{pattern}' is not a valid glob pattern ({exc}).") from None
         recursive = "/" in pattern or "**" in pattern
@@ -960,24 +968,6 @@ class FileSystemToolset:
         return f"FileSystemToolset(id={self.id!r}, {self._sandbox!r}, backend={self.limits.backend!r})"
 
 
-def _capped_lines(f, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
-    """Lines of at most `max_bytes`, and whether the rest of a longer line was skipped,
-    so one huge line is never held in memory."""
-    while True:
-        line = f.readline(max_bytes)
-        if not line:
-            return
-        dropped = False
-        while not line.endswith(b"\n"):
-            rest = f.readline(max_bytes)
-            if not rest:
-                break
-            dropped = True
-            if rest.endswith(b"\n"):
-                break
-        yield line, dropped
-
-
 def _cut(text: str, goes_on: str) -> str:
     """`text` up to the preview's length, saying how much was left out."""
     if len(text) <= _PREVIEW_CHARS:
@@ -1000,81 +990,6 @@ def _too_many(message: str, count: int, limit: int) -> QuotaExceededError:
     return QuotaExceededError(message, actual=count, limit=limit)
 
 
-def _copy_at_most(source: int, target: int, size: int) -> int:
-    """Copy the first `size` bytes of `source` (whatever it grew to since) into `target`."""
-    done = 0
-    while done < size:
-        chunk = os.pread(source, min(_CHUNK, size - done), done)
-        if not chunk:
-            break
-        os.write(target, chunk)
-        done += len(chunk)
-    return done
-
-
-def _chunks(f, size: int) -> Iterator[bytes]:
-    """At most `size` bytes of `f`, the size checked and reserved for (a file that grows
-    meanwhile is copied as it was)."""
-    left = size
-    while left > 0:
-        chunk = f.read(min(_CHUNK, left))
-        if not chunk:
-            return
-        left -= len(chunk)
-        yield chunk
-
-
 def _is_temp(name: str) -> bool:
     """An unfinished write's temp file (left by a crash): never listed or counted."""
     return name.startswith(".") and name.endswith(TEMP_SUFFIX)
-
-
-def _looks_binary(head: bytes, mime: str | None) -> bool:
-    if b"\0" in head:
-        return True
-    if mime and mime.startswith("text/"):
-        return False  # invalid bytes in a text file are replaced, as ATLAS's handlers do
-    if mime and mime.split("/")[0] in ("image", "audio", "video", "font"):
-        return True
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.start < len(head) - 3  # a character cut at the sniff boundary is fine
-    return False
-
-
-@lru_cache(maxsize=128)
-def _glob(pattern: str):
-    """Compile a glob to a full-match function over '/'-separated relative paths."""
-    i, out = 0, []
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            negate = pattern[i + 1 : i + 2] in ("!", "^")
-            start = i + 2 if negate else i + 1
-            end = pattern.find("]", start + 1)  # a ']' first in the class is a member
-            if end == -1:
-                out.append(re.escape(c))
-            else:
-                # Members are literal: no regex escapes, nested sets or set operations.
-                body = re.sub(r"([\\\[&~|])", r"\\\1", pattern[start:end])
-                # A class never matches '/', whatever it names: a negation, a range such as
-                # [.-0], or '/' itself would otherwise let one segment's wildcard cross folders.
-                out.append(f"(?!/)[{'^' if negate else ''}{body}]")
-                i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.DOTALL).fullmatch

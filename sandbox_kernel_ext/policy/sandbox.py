@@ -98,13 +98,15 @@ class Sandbox:
     """Security boundary for virtual paths: resolution, permissions, suffixes, sizes."""
 
     def __init__(self, config: SandboxConfig, base_path: Path | None = None, *,
-                 never_read: Iterable[str] = ()) -> None:
+                 never_read: Iterable[str] = (), policy_file: str | None = None) -> None:
         """`never_read`: the policy's own credential stores as absolute paths
         (`credential_stores.policy_stores`), hidden in every root besides the built-in list,
-        even a root that is one or lies in one."""
+        even a root that is one or lies in one. `policy_file`: the file the policy was read
+        from, which no write changes (`write_protected.WriteGuard`)."""
         self.config = config
         self.base_path = Path(base_path) if base_path is not None else Path.cwd()
         self.never_read = tuple(never_read)
+        self.policy_file = policy_file
         self._grant: _Grant | None = None
         if config.root is not None:
             rc = config.root
@@ -140,7 +142,9 @@ class Sandbox:
             raise ConfigurationError(
                 "this policy has no 'paths' or 'root' table, so it grants the file tools nothing"
             )
-        return cls(config, policy.base_path, never_read=policy_stores(policy))
+        source = policy.source_file
+        return cls(config, policy.base_path, never_read=policy_stores(policy),
+                   policy_file=None if source is None else str(source))
 
     def _host(self, root: str) -> str:
         """The root's real folder, resolved once, here. One reached only through a symlink
@@ -337,6 +341,11 @@ class Sandbox:
             return []
         return sorted({str(p) for p in self._grant.write if self._may_write(p)})
 
+    def host_write_roots(self) -> list[str]:
+        """The real folders of the roots that may be written (as the policy has them, not
+        narrowed by a derived grant)."""
+        return [root.host for root in self._roots.values() if root.config.mode == "rw"]
+
     def _allowed(self) -> tuple[list[str], list[str]]:
         return self.readable_roots, self.writable_roots
 
@@ -385,6 +394,7 @@ class Sandbox:
         child.config = self.config
         child.base_path = self.base_path
         child.never_read = self.never_read
+        child.policy_file = self.policy_file
         child._multi = self._multi
         child._roots = self._roots
         hosts = {

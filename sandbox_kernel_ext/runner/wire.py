@@ -70,7 +70,7 @@ class ChildPlan:
     # Folders root owns that the plan grants (or that hold a grant), shown to a root kernel's
     # unprivileged child as its own through idmapped mounts (each a "tree N" descriptor).
     owner_mapped: list[str] = field(default_factory=list)
-    # Paths inside the writable ones that stay read-only (`trusted/write_protected.py`): with
+    # Paths inside the writable ones that stay read-only (`policy/write_protected.py`): with
     # mounts, each bound read-only and the folders above it inside its writable root made
     # mounts too (a mount cannot be renamed away); without, already left out of write_paths.
     protected_paths: list[str] = field(default_factory=list)

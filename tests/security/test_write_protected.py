@@ -66,7 +66,7 @@ def project(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     subprocess.run(["chmod", "-R", "a+rwX", str(top)], check=True)
     monkeypatch.chdir(root)
     # a home inside the project: its startup files are on the list too
-    monkeypatch.setattr("sandbox_kernel_ext.runner.trusted.write_protected._homes",
+    monkeypatch.setattr("sandbox_kernel_ext.policy.write_protected._homes",
                         lambda: [str(root / "home")])
     try:
         yield root
@@ -356,3 +356,50 @@ except OSError as exc:
         assert not (outside / "new.txt").exists()
     finally:
         shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
+    """The in-kernel file tools write as the kernel, with no mount to hold them: the same
+    paths are refused by name at each change, and no new module, package, notebook or
+    folder is made where the kernel imports first (a file of another kind may be)."""
+    from sandbox_kernel_ext import FileSystemToolset
+    from sandbox_kernel_ext.policy.errors import PathNotWritableError
+
+    (project / "tools.yaml").write_text("paths:\n  proj:\n    root: .\n    mode: rw\n"
+                                        "    write_approval: false\n")
+    tools = FileSystemToolset.from_policy(CapabilityParser.from_file(project / "tools.yaml"))
+    refused = {
+        "policy": lambda: tools.write_file("/proj/tools.yaml", "paths: {}"),
+        "module": lambda: tools.write_file("/proj/helper.py", "planted"),
+        "hook": lambda: tools.write_file("/proj/.git/hooks/post-checkout", "planted"),
+        "launcher": lambda: tools.write_file("/proj/ipykernel_launcher.py", "planted"),
+        "inside a package": lambda: tools.write_file("/proj/pkg/evil.py", "planted"),
+        "package": lambda: tools.write_file("/proj/newpkg/__init__.py", "planted"),
+        "renamed to a module": lambda: tools.move_file("/proj/notes.txt", "/proj/notes.py"),
+        "copied to a .pth": lambda: tools.copy_file("/proj/notes.txt", "/proj/x.pth"),
+        "deleted": lambda: tools.delete_file("/proj/.envrc"),
+        "edited": lambda: tools.edit_file("/proj/.envrc", "original", "export X=1"),
+        "home startup": lambda: tools.write_file("/proj/home/.bashrc", "planted"),
+    }
+    outcome = {}
+    for label, change in refused.items():
+        try:
+            change()
+            outcome[label] = "done"
+        except PathNotWritableError as exc:
+            outcome[label] = "refused"
+            assert "/tmp" not in str(exc) and str(project) not in str(exc)  # no host path
+    assert set(outcome.values()) == {"refused"}, outcome
+    tools.write_file("/proj/notes.txt", "changed\n")
+    tools.write_file("/proj/report.md", "a report beside the notebook\n")
+    tools.write_file("/proj/conf/new.py", "fine\n")
+    assert (project / "report.md").exists() and (project / "conf" / "new.py").exists()
+    assert not (project / "ipykernel_launcher.py").exists() and not (project / "newpkg").exists()
+    _check_untouched(project)
+
+
+def _check_untouched(root: Path) -> None:
+    for name in PLANTED:
+        if name != "policy.yaml":
+            assert (root / name).read_text() == ORIGINAL, name
+    assert "write_approval: false" in (root / "tools.yaml").read_text()

@@ -35,9 +35,9 @@ from ...policy.credential_stores import (
 from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within, outermost, within_any
+from ...policy.write_protected import import_folders, kernel_workdirs, write_protected_paths
 from ..wire import ChildPlan
 from . import host_reads
-from .write_protected import import_folders, write_protected_paths
 from .isolation import network_namespaces, private_mounts, read_only_view_available
 
 __all__ = ["ChildPlan", "build_plan", "BASE_ENV_NAMES", "PROXY_PORT"]
@@ -696,15 +696,6 @@ def _write_protection(capability: CapabilityDeclaration, readable: list[str],
 def _reads_everywhere(readable: list[str]) -> bool:
     """Whether the grants are "read everywhere" (`filesystem_grants` puts its rules in)."""
     return set(_everywhere_read_set()) <= set(readable)
-
-
-def kernel_workdirs() -> list[str]:
-    """Where a kernel or Python started by the person would import from first: this
-    process's working directory (a restarted kernel starts there again)."""
-    try:
-        return [os.path.realpath(os.getcwd())]
-    except OSError:
-        return []
 
 
 def _policy_file(capability: CapabilityDeclaration) -> str | None:

@@ -27,11 +27,11 @@ import sys
 import time
 from collections.abc import Iterable
 
-from ...policy.credential_stores import home_folders
-from ...policy.paths import outermost, within_any
-from .host_reads import resolved
+from .credential_stores import home_folders
+from .paths import is_within, outermost, within_any
 
-__all__ = ["write_protected_paths", "import_folders", "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
+__all__ = ["write_protected_paths", "import_folders", "kernel_workdirs", "WriteGuard",
+           "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
 
 # Beneath a home folder: what a login, a shell, an editor or git runs or reads commands from.
 HOME_STARTUP_PATHS = (
@@ -90,6 +90,55 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     named = set(named)
     return outermost([path for path in dict.fromkeys(found)
                        if path not in named and path not in roots])
+
+
+def kernel_workdirs() -> list[str]:
+    """Where a kernel or Python started by the person would import from first: this
+    process's working directory (a restarted kernel starts there again)."""
+    try:
+        return [os.path.realpath(os.getcwd())]
+    except OSError:
+        return []
+
+
+class WriteGuard:
+    """The same rules for the file toolset's writes, judged by name at each change (the
+    toolset writes as the kernel, so no mount holds it): nothing inside a protected path
+    changes, and no new module, package, `.pth` file, notebook or folder is made directly in
+    a folder Python imports from first. A file of another kind may be made there (a report
+    beside the notebook): the toolset sees the name, where a mount could only refuse all."""
+
+    def __init__(self, writable: Iterable[str], policy_file: str | None,
+                 named: Iterable[str] = ()) -> None:
+        self.writable = list(dict.fromkeys(writable))
+        self.policy_file = policy_file
+        self.named = list(named)
+
+    def refusal(self, folder: str, name: str, *, creates: bool, is_folder: bool = False) -> str | None:
+        """Why `name` in the real `folder` may not be changed (`creates`: made anew, a
+        folder with `is_folder`), or None. The reason names no host path."""
+        path = os.path.join(folder, name)
+        workdirs = kernel_workdirs()
+        protected = write_protected_paths(self.writable, workdirs, self.policy_file, self.named)
+        if any(is_within(path, outer) for outer in protected):
+            return ("it is write-protected: the policy file, or something programs outside any "
+                    "sandbox run (a repository's .git, startup and tool settings files, a Python "
+                    "environment, a module where the kernel imports first); a policy that names "
+                    "it allows writing it")
+        if creates and (is_folder or name.endswith(_IMPORTABLE_SUFFIXES)) \
+                and folder in import_folders(self.writable, workdirs):
+            return ("this folder is where the kernel imports from first, so a new module, "
+                    "package, notebook or folder here would run outside any sandbox; "
+                    "write it in a subfolder")
+        return None
+
+
+def resolved(path: str) -> str | None:
+    """`os.path.realpath(path)`, or None when the path changes while it is followed."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        return None
 
 
 def import_folders(writable: Iterable[str], workdirs: Iterable[str]) -> list[str]:
