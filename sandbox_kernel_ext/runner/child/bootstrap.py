@@ -43,6 +43,7 @@ from ..linux.namespaces import (
     MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
+    PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
     attach_tree,
     bind_mount,
@@ -738,6 +739,10 @@ def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
                 socket.send_fds(handoff, [b"notify"], [listener])
             os.close(listener)
     prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it is wholly confined
+    # What the run leaves behind (a double fork) is adopted here, not by the launcher, so it
+    # stays in the tree the monitor measures and ends with the run, as PID 1 of a PID
+    # namespace adopts it; kept across exec.
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)

@@ -37,11 +37,10 @@ from typing import Any
 
 from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
-from ..linux.namespaces import userns_usable
+from ..linux.namespaces import PR_SET_CHILD_SUBREAPER, userns_usable
 from ..linux.syscalls import no_core_dumps, prctl
 from ..wire import read_to_end, receive_message, send_message
 
-PR_SET_CHILD_SUBREAPER = 36
 # The next spare is made once the launcher has had nothing to do for this long: not while a
 # quick run is still being reported (its forks would compete with it for the CPUs), yet long
 # before a person or an agent asks for the next run. A request that finds none makes one.
