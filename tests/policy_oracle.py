@@ -31,6 +31,7 @@ from sandbox_kernel_ext import (
     SandboxManager,
 )
 from sandbox_kernel_ext.policy.paths import is_within
+from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
 
 from interfaces import run_code
 
@@ -56,6 +57,7 @@ class World:
     home: str
     folders: list[Folder] = field(default_factory=list)
     links: dict[str, str] = field(default_factory=dict)  # link path -> target
+    workdir: str | None = None  # the kernel's working directory while the policy runs
 
     @property
     def store(self) -> str:
@@ -105,11 +107,18 @@ class World:
             link = os.path.join(top, f"link {index}")
             world.links[link] = rng.choice(targets)
             os.symlink(world.links[link], link)
+        if world.folders and rng.random() < 0.35:  # a notebook in one of these folders
+            world.workdir = rng.choice(world.folders).path
         return world
 
     def close(self) -> None:
         shutil.rmtree(self.top, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
+
+    def new_names(self, interface: str) -> list[str]:
+        """What each interface tries to create: a module and a text file in every folder."""
+        return [os.path.join(f.path, name) for f in self.folders
+                for name in (f"new_{interface}.py", f"new-{interface}.txt")]
 
     def probes(self) -> list[str]:
         """The files each interface tries: every folder's probe, the store's key, the home's
@@ -155,6 +164,7 @@ class Expected:
     refused: str | None = None  # which rule refuses the policy at create_sandbox
     readable: dict[str, bool] = field(default_factory=dict)  # probe -> readable
     writable: dict[str, bool] = field(default_factory=dict)
+    created: dict[str, bool] = field(default_factory=dict)  # new name -> made on the host
 
 
 def _real(world: World, spelled: str) -> tuple[str, str]:
@@ -162,9 +172,11 @@ def _real(world: World, spelled: str) -> tuple[str, str]:
     return full, os.path.realpath(full)
 
 
-def expect(world: World, policy: Policy, child_uid: int | None) -> Expected:
+def expect(world: World, policy: Policy, child_uid: int | None, interface: str = "execute",
+           with_mounts: bool = True) -> Expected:
     """What the reference promises. `child_uid`: the uid a root kernel's children run as
-    (None: the kernel's own, a non-root kernel)."""
+    (None: the kernel's own, a non-root kernel); `with_mounts`: the host gives children a
+    mount namespace (the isolation report's `read_only_host_view`)."""
     out = Expected()
     stores = [world.store]
     writable_grants, readable_grants, ro_roots = [], [], []
@@ -212,7 +224,29 @@ def expect(world: World, policy: Policy, child_uid: int | None) -> Expected:
                                and _allowed(probe, mapped, child_uid, stat.S_IROTH))
         out.writable[probe] = (granted_write and not in_store and reachable
                                and _allowed(probe, mapped, child_uid, stat.S_IWOTH))
+    closed = _closed_tops(world, writable_grants, with_mounts)
+    for new in world.new_names(interface):
+        folder = os.path.dirname(new)
+        out.created[new] = (any(is_within(folder, g) for g in writable_grants)
+                            and folder not in closed
+                            and all(_enterable(f, mapped, child_uid) for f in _folders_to(folder))
+                            and _allowed(folder, mapped, child_uid, stat.S_IWOTH))
     return out
+
+
+def _closed_tops(world: World, writable_grants: list[str], with_mounts: bool) -> set[str]:
+    """Step 7: the kernel's working directory takes no new name where a writable grant
+    holds it; without mounts, nor do the folders between that grant and it."""
+    workdir = world.workdir
+    if workdir is None:
+        return set()
+    grants = [g for g in writable_grants if is_within(workdir, g)]
+    if not grants:
+        return set()
+    if with_mounts:
+        return {workdir}
+    return {folder for folder in _folders_to(workdir)
+            if any(is_within(folder, g) for g in grants)}
 
 
 def _overlapping(roots: list[str]) -> bool:
@@ -286,6 +320,12 @@ for path in PROBES:
             f.write(MARK)
     except OSError:
         pass
+for path in NEW:
+    try:
+        with open(path, 'x') as f:
+            f.write(MARK)
+    except OSError:
+        pass
 print('SEEN' + json.dumps(seen))
 """
 
@@ -295,6 +335,7 @@ class Observed:
     refused: str | None = None
     readable: dict[str, bool] = field(default_factory=dict)
     writable: dict[str, bool] = field(default_factory=dict)
+    created: dict[str, bool] = field(default_factory=dict)
 
 
 def observe(world: World, policy: Policy, interface: str, manager: SandboxManager) -> Observed:
@@ -309,7 +350,8 @@ def observe(world: World, policy: Policy, interface: str, manager: SandboxManage
     except SandboxError as exc:
         return Observed(refused=str(exc))
     mark = f"MARK-{interface}\n"
-    code = f"PROBES = {world.probes()!r}\nMARK = {mark!r}\n" + PROBE_CODE
+    new_names = world.new_names(interface)
+    code = f"PROBES = {world.probes()!r}\nNEW = {new_names!r}\nMARK = {mark!r}\n" + PROBE_CODE
     try:
         result = run_code(manager, sid, interface, code)
     finally:
@@ -324,7 +366,18 @@ def observe(world: World, policy: Policy, interface: str, manager: SandboxManage
         out.readable[probe] = seen.get(probe) == before.decode()
         out.writable[probe] = after == before + mark.encode()
         Path(probe).write_bytes(before)  # for the next interface
+    out.created = _created(new_names)
     return out
+
+
+def _created(new_names: list[str]) -> dict[str, bool]:
+    """Which new names are on the host now (each removed again)."""
+    made = {}
+    for new in new_names:
+        made[new] = os.path.lexists(new)
+        if made[new]:
+            os.unlink(new)
+    return made
 
 
 def _observe_toolset(world: World, capability, originals: dict[str, bytes]) -> Observed:
@@ -351,6 +404,16 @@ def _observe_toolset(world: World, capability, originals: dict[str, bytes]) -> O
                 except Exception:  # noqa: BLE001
                     pass
                 Path(probe).write_bytes(before)
+        new_names = world.new_names("toolset")
+        for new in new_names:
+            for name, entry in capability.paths.items():
+                root = os.path.realpath(os.path.join(str(capability.base_path), entry.root))
+                if is_within(new, root):
+                    try:
+                        tools.write(f"/{name}/{os.path.relpath(new, root)}", "MARK-toolset\n")
+                    except Exception:  # noqa: BLE001 - any refusal is "not made"
+                        pass
+        out.created = _created(new_names)
     return out
 
 
@@ -375,6 +438,13 @@ def expect_toolset(world: World, policy: Policy) -> Expected:
         hidden = any(is_within(probe, world.store) and world.store != r for r, _ in inside)
         out.readable[probe] = bool(inside) and not hidden
         out.writable[probe] = any(m == "rw" for _, m in inside) and not hidden
+    # step 10: no new module where the kernel imports first, inside a writable root
+    writable_roots = [r for r, m in roots if m == "rw"]
+    closed = world.workdir if any(is_within(world.workdir or "", r) for r in writable_roots) else None
+    for new in world.new_names("toolset"):
+        folder = os.path.dirname(new)
+        out.created[new] = (any(is_within(folder, r) for r in writable_roots)
+                            and not (folder == closed and new.endswith(".py")))
     return out
 
 
@@ -391,6 +461,9 @@ def compare(expected: Expected, observed: Observed) -> list[str]:
     for probe, want in expected.writable.items():
         if observed.writable.get(probe) != want:
             problems.append(f"write {probe}: expected {want}, observed {observed.writable.get(probe)}")
+    for new, want in expected.created.items():
+        if observed.created.get(new) != want:
+            problems.append(f"create {new}: expected {want}, observed {observed.created.get(new)}")
     return problems
 
 
@@ -399,20 +472,25 @@ def check(rng: random.Random, manager: SandboxManager, interfaces=INTERFACES,
     """One random world and policy drawn from `rng`, every interface: the mismatches, one
     line each, and the policy last (empty when everything matches the reference)."""
     world = World.build(rng)
+    before = os.getcwd()
     try:
         policy = draw_policy(world, rng)
+        if world.workdir is not None:
+            os.chdir(world.workdir)
         problems = []
         for interface in interfaces:
             if interface == "toolset":
                 expected = expect_toolset(world, policy)
             else:
-                expected = expect(world, policy, manager.child_uid)
+                expected = expect(world, policy, manager.child_uid, interface, hidden_by_mounts())
             observed = observe(world, policy, interface, manager)
             problems += [f"{label}{interface}: {p}" for p in compare(expected, observed)]
         if problems:
             owners = {f.path: (f.owner, oct(f.mode), oct(f.probe_mode)) for f in world.folders}
-            problems.append(f"{label}tree: {owners} links: {world.links}")
+            problems.append(f"{label}tree: {owners} links: {world.links} "
+                            f"kernel's working directory: {world.workdir}")
             problems.append(f"{label}policy: {policy.text}")
         return problems
     finally:
+        os.chdir(before)
         world.close()

@@ -228,22 +228,40 @@ def test_a_store_made_after_the_view_was_prepared_is_hidden(home: str) -> None:
         assert notes.stdout == "'public\\n'\n", notes.stderr  # the control: the home is read
 
 
-def test_a_writable_folder_replaced_after_the_view_was_prepared_is_the_new_one(
-        manager: SandboxManager) -> None:
+@pytest.mark.parametrize("grant", ["writable_paths", "readable_paths"])
+def test_a_folder_replaced_after_the_view_was_prepared_is_the_new_one(
+        manager: SandboxManager, grant: str) -> None:
+    """The staleness check compares device and inode numbers: the prepared view holds each
+    granted folder (a mount, a Landlock rule), so the number of a removed one cannot go to
+    the folder made in its place while the view waits (ext4 gives a freed number straight
+    back). Removed and made again, with a tree in it, several times: each run sees the new
+    one, never the removed one a stale view would hold."""
     parent = tempfile.mkdtemp(prefix="sbx-prep-")
     try:
         folder = os.path.join(parent, "out")
-        os.mkdir(folder)
+        os.makedirs(os.path.join(folder, "deep"))
+        os.chmod(parent, 0o755)
         sid = manager.create_sandbox(CapabilityDeclaration(filesystem_config=FilesystemConfig(
-            mode="read_write", writable_paths=[folder])))
+            mode="read_write" if grant == "writable_paths" else "read_only", **{grant: [folder]})))
         assert manager.execute(sid, ["/bin/true"]).exit_code == 0
-        _prepared_spare(manager)
-        shutil.rmtree(folder)
-        os.mkdir(folder)
-        result = manager.execute(sid, ["/bin/sh", "-c", f"echo kept > {folder}/file"])
-        assert result.exit_code == 0, result.stderr
-        with open(os.path.join(folder, "file")) as written:
-            assert written.read() == "kept\n"  # not in the removed folder a stale view held
+        for round_ in range(4):
+            _prepared_spare(manager)
+            before = (os.stat(folder).st_ino, os.stat(os.path.join(folder, "deep")).st_ino)
+            shutil.rmtree(folder)
+            os.makedirs(os.path.join(folder, "deep"))
+            with open(os.path.join(folder, "deep", "mark"), "w") as mark:
+                mark.write(f"round {round_}\n")
+            os.chmod(folder, 0o777)
+            os.chmod(os.path.join(folder, "deep"), 0o777)
+            assert os.stat(folder).st_ino != before[0]  # what the check relies on
+            command = f"cat {folder}/deep/mark" + (
+                f" && echo kept > {folder}/deep/file" if grant == "writable_paths" else "")
+            result = manager.execute(sid, ["/bin/sh", "-c", command])
+            assert result.exit_code == 0, result.stderr
+            assert result.stdout == f"round {round_}\n"  # the new tree, not the removed one
+            if grant == "writable_paths":
+                with open(os.path.join(folder, "deep", "file")) as written:
+                    assert written.read() == "kept\n"
     finally:
         shutil.rmtree(parent, ignore_errors=True)
 
