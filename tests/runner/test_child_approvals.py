@@ -504,3 +504,34 @@ def test_a_trailing_space_names_another_file(gated, person, roots) -> None:
     assert result.exit_code == 0, result.stderr
     assert (roots / "data" / "notes.md").read_text() == "plain\n"
     assert (roots / "data" / "notes.md ").read_text() == "spaced"
+
+
+def test_a_refused_write_is_reported_by_its_own_cell_only(gated: SandboxManager, roots: Path,
+                                                          person: Person) -> None:
+    """Found by a first-hour user: after `open(p, "w").write("x")` was refused (the file is
+    closed by the garbage collector, where nothing can catch the refusal), every later cell
+    of the session raised the same PermissionError, even `print('hello')`."""
+    sid = gated.create_sandbox(_policy(roots))
+    target = roots / "data" / "refused.txt"
+    with gated.start_session(sid) as session:
+        thread, box = _in_background(lambda: session.run_cell(
+            f"open({str(target)!r}, 'w').write('x')", timeout=60))
+        person.wait_for_question("data/refused.txt")
+        person.answer("data/refused.txt", Decision.deny)
+        thread.join(timeout=60)
+        first = box[0]
+        assert first.error is not None and "refused.txt was not written" in first.error["evalue"]
+        second = session.run_cell("print('hello')")
+        assert second.error is None and second.stdout == "hello\n", second
+        thread, box = _in_background(lambda: session.run_cell(  # held by a reference cycle
+            f"class Holder: pass\nh = Holder(); h.me = h; h.f = open({str(target)!r}, 'w')\n"
+            "h.f.write('x'); del h", timeout=60))
+        deadline = time.monotonic() + 60
+        while len(person.asked) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        person.answer("data/refused.txt", Decision.deny)
+        thread.join(timeout=60)
+        assert "refused.txt was not written" in (box[0].error or {}).get("evalue", ""), box[0]
+        after = session.run_cell("print('next')")
+        assert after.error is None and after.stdout == "next\n", after
+    assert not target.exists()

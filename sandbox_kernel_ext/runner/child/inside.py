@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import collections
 import errno
+import gc
 import getpass
 import io
 import json
@@ -430,7 +431,10 @@ def install(control_fd: int, view: dict[str, Any]) -> None:
 
 def finish() -> list[str]:
     """At the end of the cell, as an interpreter's exit would: close what is still open over
-    a staged write (committing it). Returns the refusals no code could have caught."""
+    a staged write (committing it). Returns the refusals no code could have caught, once:
+    they belong to this cell, not to every cell after it."""
+    if _open_staged:
+        gc.collect()  # a file only a reference cycle still holds is closed in its own cell
     for file in list(_open_staged):
         try:
             file.close()
@@ -441,4 +445,6 @@ def finish() -> list[str]:
             _sandbox_os_close(fd)
         except OSError as exc:
             _unseen_refusals.append(exc)
-    return [f"{exc.filename} was not written: {exc.strerror}" for exc in _unseen_refusals]
+    refusals = [f"{exc.filename} was not written: {exc.strerror}" for exc in _unseen_refusals]
+    _unseen_refusals.clear()
+    return refusals
