@@ -9,6 +9,7 @@ cell shows.
 from __future__ import annotations
 
 import argparse
+import ast
 import html
 import json
 import math
@@ -618,10 +619,24 @@ class SandboxMagics(Magics):
         except SandboxError as exc:
             raise SandboxCellError(f"cannot start the session: {exc}") from None
         try:
-            return session.run_cell(cell, **options)
+            return session.run_cell(self._as_python(cell), **options)
         finally:
             if args.fresh:
                 session.close()
+
+    def _as_python(self, cell: str) -> str:
+        """The cell as the session runs it: plain Python as written (its line numbers kept);
+        IPython's syntax (`%timeit`, `!ls`, `obj?`) as the kernel's IPython transforms it,
+        into calls the session's `get_ipython()` answers inside the sandbox."""
+        try:
+            ast.parse(cell)
+            return cell
+        except (SyntaxError, ValueError):
+            pass
+        try:
+            return self.shell.transform_cell(cell)
+        except Exception:  # noqa: BLE001 - the session reports the cell's own syntax error
+            return cell
 
     def _parse(self, line: str) -> Any:
         """The options of a `%%sandbox` line, parsed once per distinct line (a notebook

@@ -18,6 +18,7 @@ import base64
 import fcntl
 import io
 import linecache
+import os
 import pickle
 import re
 import signal
@@ -26,6 +27,7 @@ import sys
 import termios
 import threading
 import time
+import timeit
 import traceback
 from typing import Any
 
@@ -36,6 +38,10 @@ from .cell import begin, output_values
 __all__ = ["run_session", "cell_filename"]
 
 _CELL_NAME = re.compile(r"<sandbox-cell-(\d+)>\Z")
+# Frames never shown: this package's own code in the child, and what timing a statement runs
+# it through (`%timeit`'s generated function).
+_OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_MACHINERY = frozenset({timeit.__file__, "<timeit-src>", ast.__file__})
 _CONTEXT = 2  # source lines shown before and after a traceback's line
 _MAX_FRAMES = 40
 
@@ -163,6 +169,8 @@ def _send_in_order(frame: dict[str, Any]) -> None:
 def run_session(plan: ChildPlan) -> int:
     """Serve cells until the trusted side hangs up; the exit code is 0."""
     _, namespace = begin(plan, _open_streams)
+    namespace["get_ipython"] = _shell_for(namespace)
+    namespace["Out"] = {}
     display.install(_send_in_order, _flush)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the stop button
     sys.argv = [""]
@@ -179,6 +187,21 @@ def run_session(plan: ChildPlan) -> int:
             pass
 
 
+def _shell_for(namespace: dict[str, Any]) -> Any:
+    """The cells' `get_ipython()`: what IPython's syntax turns into calls on (a cell the
+    kernel's IPython transformed), loaded by the first cell that uses it."""
+    made: list[Any] = []
+
+    def get_ipython() -> Any:
+        if not made:
+            from .ipython_syntax import ChildShell
+
+            made.append(ChildShell(namespace))
+        return made[0]
+
+    return get_ipython
+
+
 def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
     number = int(command.get("cell", 0))
     code: str = command.get("code", "")
@@ -190,7 +213,7 @@ def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
     try:
         if command.get("inputs"):
             namespace.update(pickle.loads(base64.b64decode(command["inputs"])))
-        _execute(code, filename, namespace)
+        _execute(code, filename, namespace, number)
         display.flush_figures()
         values = output_values(namespace, outputs)
         unwritten = inside.finish()
@@ -217,8 +240,9 @@ def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
-    """Run the cell; the last expression's value is shown, as a kernel shows `Out[n]`."""
+def _execute(code: str, filename: str, namespace: dict[str, Any], number: int = 0) -> None:
+    """Run the cell; the last expression's value is shown, as a kernel shows `Out[n]`, and
+    kept as one keeps it: `_`, `__`, `___`, `Out[n]`, `_n`."""
     tree = ast.parse(code, filename)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - confined
@@ -229,7 +253,11 @@ def _execute(code: str, filename: str, namespace: dict[str, Any]) -> None:
     value = eval(compile(expression, filename, "eval"), namespace)  # noqa: S307 - confined
     if value is None:
         return
+    namespace["___"], namespace["__"] = namespace.get("__", ""), namespace.get("_", "")
     namespace["_"] = value
+    if isinstance(namespace.get("Out"), dict):
+        namespace["Out"][number] = value
+    namespace[f"_{number}"] = value
     data, metadata = display.mime_bundle(value)
     data = display.markdown_as_html(data)  # in the cell's time, not the kernel's
     _flush()
@@ -247,12 +275,13 @@ def error_report(exc: BaseException) -> dict[str, Any]:
     frames = []
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         filename = frame.f_code.co_filename
-        if filename in (__file__, display.__file__) and frame.f_code.co_name in (
-                "_run", "_execute"):
-            continue  # our own frames: the traceback starts in the cell
+        if filename.startswith(_OWN_FILES) or filename in _MACHINERY:
+            continue  # ours and the timing machinery: the traceback shows the cell's code
         frames.append(_frame(filename, lineno or 0, frame.f_code.co_name))
-    if isinstance(exc, SyntaxError) and exc.filename:
-        frames.append(_frame(exc.filename, exc.lineno or 0, None))
+    if isinstance(exc, SyntaxError):
+        frames = [_frame(exc.filename, exc.lineno or 0, None)] if exc.filename else []
+    elif type(exc).__name__ == "UsageError" and type(exc).__module__.endswith("ipython_syntax"):
+        frames = []  # a magic used wrongly, or one a sandbox cannot run: one line, as IPython
     return {"ename": type(exc).__name__, "evalue": evalue, "frames": frames[-_MAX_FRAMES:]}
 
 

@@ -336,6 +336,8 @@ def format_error(error: Any) -> tuple[str, str, list[str]]:
     frames = error.get("frames")
     if not isinstance(frames, list):
         raise ValueError("an error report needs a list of frames")
+    if not frames:  # a magic used wrongly, as IPython shows a UsageError: one line
+        return ename, evalue, [f"{_RED}{ename}{_RESET}: {evalue}" if evalue else f"{_RED}{ename}{_RESET}"]
     lines = [f"{_RED}{'-' * 75}{_RESET}",
              f"{_RED}{ename}{_RESET}{' ' * max(1, 42 - len(ename))}Traceback (most recent call last)"]
     for frame in frames[-MAX_TRACEBACK_FRAMES:]:
