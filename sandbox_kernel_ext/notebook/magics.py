@@ -625,18 +625,19 @@ class SandboxMagics(Magics):
                 session.close()
 
     def _as_python(self, cell: str) -> str:
-        """The cell as the session runs it: plain Python as written (its line numbers kept);
-        IPython's syntax (`%timeit`, `!ls`, `obj?`) as the kernel's IPython transforms it,
-        into calls the session's `get_ipython()` answers inside the sandbox."""
+        """The cell as the session runs it: plain Python as written; IPython's syntax
+        (`%timeit`, `!ls`, `obj?`) as the kernel's IPython transforms it, into calls the
+        session's `get_ipython()` answers inside the sandbox. Below an empty first line, so
+        a traceback's line numbers are the editor's (its first line is `%%sandbox`)."""
         try:
             ast.parse(cell)
-            return cell
+            return "\n" + cell
         except (SyntaxError, ValueError):
             pass
         try:
-            return self.shell.transform_cell(cell)
+            return "\n" + self.shell.transform_cell(cell)
         except Exception:  # noqa: BLE001 - the session reports the cell's own syntax error
-            return cell
+            return "\n" + cell
 
     def _parse(self, line: str) -> Any:
         """The options of a `%%sandbox` line, parsed once per distinct line (a notebook

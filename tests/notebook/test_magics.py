@@ -229,7 +229,7 @@ def test_a_denied_read_fails_with_the_path(k: KernelSession, shared_dir: Path) -
     assert str(secret) in line
     error = k.error(msg_id)
     # The sandboxed code's own traceback, pointing at the cell's line; no kernel frames.
-    assert error is not None and any("Cell " in entry and ", line 1" in entry
+    assert error is not None and any("Cell " in entry and ", line 2" in entry
                                       for entry in error["traceback"])
     assert "PermissionError" in error["traceback"][-1] and "magics.py" not in str(error)
     assert "hidden" not in k.text(msg_id)

@@ -550,9 +550,10 @@ def test_restart_of_an_unknown_session_names_the_known_ones(k: KernelSession) ->
 # -- 10. tracebacks -------------------------------------------------------------------------
 
 def test_a_traceback_points_at_the_cells_lines(k: KernelSession) -> None:
-    """Each frame names the cell it is in by its In[n], with its line and source, also for
-    a function an earlier cell defined. Found by this test: every session cell said
-    In[n+1] (IPython 9 counts the next cell while one runs)."""
+    """Each frame names the cell it is in by its In[n], with its line as the editor
+    numbers it (the `%%sandbox` line is line 1) and its source, also for a function an
+    earlier cell defined. Found by this test: every session cell said In[n+1] (IPython 9
+    counts the next cell while one runs); found by a first-hour user: lines one off."""
     defined = ok(k, """
         %%sandbox --quiet
         def explode(why):
@@ -569,11 +570,11 @@ def test_a_traceback_points_at_the_cells_lines(k: KernelSession) -> None:
     plain = [re.sub(r"\x1b\[[0-9;]*m", "", entry) for entry in error["traceback"]]
     heads = [entry.split("\n", 1)[0] for entry in plain]
     calling = [e for e, head in zip(plain, heads)
-               if head == f"Cell In[{execution_count(k, failed)}], line 2"]
+               if head == f"Cell In[{execution_count(k, failed)}], line 3"]
     raising = [e for e, head in zip(plain, heads)
-               if head == f"Cell In[{execution_count(k, defined)}], line 2, in explode()"]
+               if head == f"Cell In[{execution_count(k, defined)}], line 3, in explode()"]
     assert len(calling) == 1 and len(raising) == 1, plain
-    assert "----> 2 explode('boom')" in calling[0] and "1 total = 1" in calling[0]
-    assert "----> 2     raise ValueError(why)" in raising[0]
+    assert "----> 3 explode('boom')" in calling[0] and "2 total = 1" in calling[0]
+    assert "----> 3     raise ValueError(why)" in raising[0]
     assert plain[-1] == "ValueError: boom"
     assert "magics.py" not in "".join(plain) and "session.py" not in "".join(plain)
