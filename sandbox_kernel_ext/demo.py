@@ -2,20 +2,26 @@
 print what each cell showed.
 
 `python -m sandbox_kernel_ext.demo [--save PATH]`. Approvals get the headless decision (deny),
-and the cells say so; opened in JupyterLab (`jupyter lab notebooks/tour.ipynb`) the same
+and the cells say so; opened in JupyterLab (the command it prints at its end) the same
 notebook asks with buttons instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-TOUR = Path(__file__).resolve().parents[1] / "notebooks" / "tour.ipynb"
+# Beside the package in an installed wheel; in the repository's notebooks/ in a checkout.
+_HERE = Path(__file__).resolve().parent
+TOUR = next((path for path in (_HERE / "notebooks" / "tour.ipynb",
+                               _HERE.parent / "notebooks" / "tour.ipynb") if path.exists()),
+            _HERE.parent / "notebooks" / "tour.ipynb")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -70,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join("  | " + line for line in shown.splitlines()))
     save = Path(args.save) if args.save else Path(tempfile.mkdtemp(prefix="sandbox-tour-")) / "tour.ipynb"
     nbformat.write(notebook, save)
+    lab = [str(Path(sys.executable).with_name("jupyter")), "lab", str(save)]
+    if os.geteuid() == 0:
+        lab.append("--allow-root")  # JupyterLab refuses root without it
     print(f"\nRan {number} cells in {time.monotonic() - started:.1f} s; the executed notebook is "
-          f"{save}.\nTo try it with approval buttons: .venv/bin/jupyter lab {args.notebook}")
+          f"{save}.\nTo try it with approval buttons, open it in JupyterLab and run it again: "
+          f"{shlex.join(lab)}")
     if failed is not None:
         print(f"\nthe tour stopped at an error:\n{failed}", file=sys.stderr)
         return 1
