@@ -19,11 +19,12 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field, fields
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
     "ChildPlan", "CONTROL_FD", "PAYLOAD_FD", "STATUS_FD", "MAX_MESSAGE", "FDS_PER_MESSAGE",
-    "MAX_VARIABLES_BYTES", "encode_value", "decode_value", "read_to_end", "send_message",
+    "MAX_VARIABLES_BYTES", "encode_value", "decode_value", "ARRAY_TAGS", "read_to_end", "send_message",
     "receive_message",
 ]
 
@@ -44,6 +45,10 @@ _MORE_FDS = b"\0more descriptors"  # a part ahead of its message; never valid JS
 MAX_VARIABLES_BYTES = 4 * 1024 * 1024
 _MAX_DEPTH = 64
 _BYTES_TAG = "__sandbox_bytes__"
+# numpy and pandas values in data-only forms (`child/array_values.py`, `trusted/array_values.py`)
+ARRAY_TAG, FRAME_TAG, SERIES_TAG, INDEX_TAG = ("__sandbox_ndarray__", "__sandbox_dataframe__",
+                                               "__sandbox_series__", "__sandbox_index__")
+ARRAY_TAGS = frozenset({ARRAY_TAG, FRAME_TAG, SERIES_TAG, INDEX_TAG})
 
 
 @dataclass
@@ -158,8 +163,10 @@ def read_to_end(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def encode_value(value: Any, name: str, depth: int = 0) -> Any:
-    """JSON-safe data: None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts."""
+def encode_value(value: Any, name: str, depth: int = 0,
+                 other: Callable[[Any, str], Any] | None = None) -> Any:
+    """JSON-safe data: None, bool, int, float, str, bytes, lists/tuples and str-keyed dicts;
+    `other` gives the tagged form of anything else it knows (None: it does not)."""
     if depth > _MAX_DEPTH:
         raise TypeError(f"output variable {name!r} is nested more than {_MAX_DEPTH} levels deep")
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -167,26 +174,33 @@ def encode_value(value: Any, name: str, depth: int = 0) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return {_BYTES_TAG: base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, (list, tuple)):
-        return [encode_value(item, name, depth + 1) for item in value]
+        return [encode_value(item, name, depth + 1, other) for item in value]
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"output variable {name!r} has a non-string key {key!r}")
-            out[key] = encode_value(item, name, depth + 1)
+            out[key] = encode_value(item, name, depth + 1, other)
         return out
+    tagged = other(value, name) if other is not None else None
+    if tagged is not None:
+        return tagged
     raise TypeError(
         f"output variable {name!r} is a {type(value).__name__}; only JSON-safe data "
         "(None, bool, numbers, str, bytes, lists and str-keyed dicts) leaves a sandbox"
     )
 
 
-def decode_value(value: Any) -> Any:
-    """The trusted side of `encode_value`: only the bytes tag means anything."""
+def decode_value(value: Any, tagged: Callable[[str, Any], Any] | None = None) -> Any:
+    """The trusted side of `encode_value`: the bytes tag, and with `tagged` the array tags
+    (`tagged(tag, content)`); any other dict is data."""
     if isinstance(value, list):
-        return [decode_value(item) for item in value]
+        return [decode_value(item, tagged) for item in value]
     if isinstance(value, dict):
         if set(value) == {_BYTES_TAG} and isinstance(value[_BYTES_TAG], str):
             return base64.b64decode(value[_BYTES_TAG], validate=True)
-        return {key: decode_value(item) for key, item in value.items()}
+        if tagged is not None and len(value) == 1 and next(iter(value)) in ARRAY_TAGS:
+            tag = next(iter(value))
+            return tagged(tag, value[tag])
+        return {key: decode_value(item, tagged) for key, item in value.items()}
     return value

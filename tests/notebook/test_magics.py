@@ -244,6 +244,22 @@ size = len(numbers)
     assert value(k, "[result['sum'], result['blob'].hex(), size]") == [6, "000121", 3]
 
 
+def test_dataframes_and_arrays_go_in_and_come_back(k: KernelSession) -> None:
+    """`-o` brings pandas and numpy values back as data (no pickle crosses); `-i` sends
+    them in. Found by a first-hour user: `-o df` was a TypeError."""
+    k.run("import pandas as pd, numpy as np\n"
+          "sales = pd.DataFrame({'region': ['n', 's'], 'amount': [3.5, 4.0]})")
+    k.run("""%%sandbox --quiet -i sales -o by_region totals grid
+by_region = sales.set_index('region')['amount'] * 2
+totals = sales.describe()
+import numpy as np
+grid = np.eye(2)
+""")
+    assert value(k, "[by_region.to_dict(), float(totals.loc['mean', 'amount']), "
+                    "grid.tolist(), type(by_region).__name__, type(totals).__name__]") == [
+        {"n": 7.0, "s": 8.0}, 3.75, [[1.0, 0.0], [0.0, 1.0]], "Series", "DataFrame"]
+
+
 def test_output_variables_must_be_json_safe(k: KernelSession) -> None:
     k.run("untouched = 'before'")
     msg_id = cell(k, "%%sandbox --quiet -o untouched\nuntouched = {1, 2}")

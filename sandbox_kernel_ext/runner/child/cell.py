@@ -20,12 +20,15 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from .array_values import encode_array_value
 from ..wire import CONTROL_FD, MAX_VARIABLES_BYTES, PAYLOAD_FD, ChildPlan, encode_value, read_to_end
 from . import inside
 
 __all__ = ["run_cell", "begin", "open_streams", "output_values", "CELL_FILENAME"]
 
 CELL_FILENAME = "<sandbox-cell>"
+# This package's code in the child: never a frame of a traceback a cell shows.
+OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _stream(fd: int, mode: str) -> io.TextIOWrapper:
@@ -47,7 +50,8 @@ def output_values(namespace: dict[str, Any], outputs: list[str]) -> dict[str, An
     missing = [name for name in outputs if name not in namespace]
     if missing:
         raise NameError(f"output variable(s) not defined by the cell: {', '.join(missing)}")
-    values = {name: encode_value(namespace[name], name) for name in outputs}
+    values = {name: encode_value(namespace[name], name, other=encode_array_value)
+              for name in outputs}
     size = len(json.dumps(values))
     if size > MAX_VARIABLES_BYTES:
         raise ValueError(
@@ -84,8 +88,12 @@ def run_cell(plan: ChildPlan) -> int:
     exit_code = 0
     try:
         exec(compile(code_text, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - confined
-        values = output_values(namespace, list(payload.get("outputs", ())))
-        unwritten = inside.finish()
+        try:
+            values = output_values(namespace, list(payload.get("outputs", ())))
+            unwritten = inside.finish()
+        except (TypeError, ValueError, NameError) as exc:  # ours to say, in one line
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return _flushed(1)
         if unwritten:
             raise PermissionError("; ".join(unwritten) + " (the file was never closed by the "
                                   "cell, so this could not be raised where it was written)")
@@ -96,9 +104,15 @@ def run_cell(plan: ChildPlan) -> int:
             print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - the cell's own error, shown like Python shows it
         exc_type, exc, tb = sys.exc_info()
-        # Drop our own frame so the traceback starts in the cell.
-        traceback.print_exception(exc_type, exc, tb.tb_next if tb else None, file=sys.stderr)
+        report = traceback.TracebackException(exc_type, exc, tb)
+        report.stack = traceback.StackSummary.from_list(  # the cell's frames, not ours
+            [frame for frame in report.stack if not frame.filename.startswith(OWN_FILES)])
+        print("".join(report.format()), end="", file=sys.stderr)
         exit_code = 1
+    return _flushed(exit_code)
+
+
+def _flushed(exit_code: int) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

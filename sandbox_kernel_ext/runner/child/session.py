@@ -18,7 +18,6 @@ import base64
 import fcntl
 import io
 import linecache
-import os
 import pickle
 import re
 import signal
@@ -33,14 +32,13 @@ from typing import Any
 
 from ..wire import CONTROL_FD, ChildPlan
 from . import display, inside
-from .cell import begin, output_values
+from .cell import OWN_FILES, begin, output_values
 
 __all__ = ["run_session", "cell_filename"]
 
 _CELL_NAME = re.compile(r"<sandbox-cell-(\d+)>\Z")
-# Frames never shown: this package's own code in the child, and what timing a statement runs
-# it through (`%timeit`'s generated function).
-_OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames never shown besides ours (`cell.OWN_FILES`): what timing a statement runs it through
+# (`%timeit`'s generated function), and the parser.
 _MACHINERY = frozenset({timeit.__file__, "<timeit-src>", ast.__file__})
 _CONTEXT = 2  # source lines shown before and after a traceback's line
 _MAX_FRAMES = 40
@@ -275,7 +273,7 @@ def error_report(exc: BaseException) -> dict[str, Any]:
     frames = []
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         filename = frame.f_code.co_filename
-        if filename.startswith(_OWN_FILES) or filename in _MACHINERY:
+        if filename.startswith(OWN_FILES) or filename in _MACHINERY:
             continue  # ours and the timing machinery: the traceback shows the cell's code
         frames.append(_frame(filename, lineno or 0, frame.f_code.co_name))
     if isinstance(exc, SyntaxError):

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..wire import MAX_VARIABLES_BYTES, decode_value
+from .array_values import decode_array_value
 from .crossing_text import prompt_line, variable_value
 from .display import (
     MAX_BUNDLE_BYTES,
@@ -226,8 +227,8 @@ class ControlChannel:
         a cell can never set a variable nobody asked it for. Their strings are made
         encodable here (`variable_value`), for every caller: the notebook, `run_python`."""
         try:
-            return {name: variable_value(decode_value(value)) for name, value in values.items()
-                    if name in self.events.outputs}
+            return {name: variable_value(decode_value(value, decode_array_value))
+                    for name, value in values.items() if name in self.events.outputs}
         except (ValueError, RecursionError, MemoryError) as exc:
             raise MalformedFrame(f"bad output variables: {type(exc).__name__}") from None
 
