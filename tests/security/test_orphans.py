@@ -66,3 +66,24 @@ def test_an_orphans_memory_counts_and_it_ends_with_the_run() -> None:
         while _orphans() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _orphans()  # ended with the run, not left for the sandbox's end
+
+
+def test_the_run_cannot_give_its_orphans_away() -> None:
+    """Found in review: the cell is the run's first process, so it could clear its own
+    subreaper flag (prctl(PR_SET_CHILD_SUBREAPER, 0)) and send the next orphan to the
+    launcher, outside every budget (308 MB under 96 MB). Seccomp refuses that prctl, so the
+    orphan stays in the run and the run ends at the limit."""
+    policy = CapabilityDeclaration(resource_limits=ResourceLimits(
+        max_memory_mb=LIMIT_MB, max_cpu_seconds=30, max_processes=16))
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print('cleared' if libc.prctl(36, 0, 0, 0, 0) == 0 else 'refused', flush=True)\n"
+            + ORPHAN)
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, code, timeout=40)
+    assert result.stdout.startswith("refused"), result
+    assert "Memory limit exceeded" in (result.killed or ""), result
+    deadline = time.monotonic() + 10
+    while _orphans() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _orphans()

@@ -727,6 +727,10 @@ def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
     for name, (soft, hard) in plan.rlimits.items():
         resource.setrlimit(RLIMIT_NUMBERS[name], (soft, hard))
     drop_capabilities()
+    # What the run leaves behind (a double fork) is adopted here, not by the launcher, so it
+    # stays in the tree the monitor measures and ends with the run, as PID 1 of a PID
+    # namespace adopts it; kept across exec, and seccomp keeps it set.
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     if rules is not None:
         rules.restrict_self()
     syscall_filter = (NOTIFIED_EGRESS_SYSCALL_FILTER if notify_to is not None else
@@ -739,10 +743,6 @@ def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
                 socket.send_fds(handoff, [b"notify"], [listener])
             os.close(listener)
     prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it is wholly confined
-    # What the run leaves behind (a double fork) is adopted here, not by the launcher, so it
-    # stays in the tree the monitor measures and ends with the run, as PID 1 of a PID
-    # namespace adopts it; kept across exec.
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)

@@ -122,7 +122,7 @@ ARCHES: dict[str, _Arch] = {
         "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463, "fallocate": 285,
         "prlimit64": 302, "setpriority": 141, "sched_setparam": 142,
         "sched_setscheduler": 144, "sched_setaffinity": 203, "ioprio_set": 251,
-        "sched_setattr": 314,
+        "sched_setattr": 314, "prctl": 157,
     }),
     "aarch64": _Arch("aarch64", AUDIT_ARCH_AARCH64, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
@@ -143,7 +143,7 @@ ARCHES: dict[str, _Arch] = {
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463, "fallocate": 47,
         "prlimit64": 261, "setpriority": 140, "sched_setparam": 118,
         "sched_setscheduler": 119, "sched_setaffinity": 122, "ioprio_set": 30,
-        "sched_setattr": 274,
+        "sched_setattr": 274, "prctl": 167,
     }),
 }
 # The old path calls that aarch64 never had (its libc uses the *at forms): a rule naming one
@@ -300,6 +300,7 @@ _NOT_DUMPABLE = ("a program its owner may run but not read makes whoever execs i
 
 
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+PR_SET_CHILD_SUBREAPER = 36
 _OTHER_PROCESS = ("the scheduling of another process (pid 0 is the caller): without a PID "
                   "namespace the kernel's threads are in reach, and a nice of 19, one CPU or "
                   "an idle class would slow every later cell's watch; a program setting its "
@@ -389,6 +390,10 @@ def build_rules(
         deny("setpriority", none_of(1, [0]), why=_OTHER_PROCESS),
         deny("ioprio_set", none_of(0, [IOPRIO_WHO_PROCESS]), why=_OTHER_PROCESS),
         deny("ioprio_set", none_of(1, [0]), why=_OTHER_PROCESS),
+        deny("prctl", one_of(0, [PR_SET_CHILD_SUBREAPER]),
+             why="the run's first process adopts what the run double-forks, so it stays in the "
+                 "tree the budgets measure; turned off (or taken by a descendant), an orphan "
+                 "would go to the launcher, outside every budget"),
         deny("openat2", code=errno.ENOSYS,
              why="openat2 passes its mode in memory, where BPF cannot look; on ENOSYS programs "
                  "fall back to openat, whose mode the rule above inspects"),
