@@ -31,7 +31,6 @@ from sandbox_kernel_ext import (
     SandboxManager,
 )
 from sandbox_kernel_ext.policy.paths import is_within
-from sandbox_kernel_ext.runner.trusted.plan import hidden_by_mounts
 
 from interfaces import run_code
 
@@ -172,11 +171,10 @@ def _real(world: World, spelled: str) -> tuple[str, str]:
     return full, os.path.realpath(full)
 
 
-def expect(world: World, policy: Policy, child_uid: int | None, interface: str = "execute",
-           with_mounts: bool = True) -> Expected:
+def expect(world: World, policy: Policy, child_uid: int | None,
+           interface: str = "execute") -> Expected:
     """What the reference promises. `child_uid`: the uid a root kernel's children run as
-    (None: the kernel's own, a non-root kernel); `with_mounts`: the host gives children a
-    mount namespace (the isolation report's `read_only_host_view`)."""
+    (None: the kernel's own, a non-root kernel)."""
     out = Expected()
     stores = [world.store]
     writable_grants, readable_grants, ro_roots = [], [], []
@@ -224,7 +222,7 @@ def expect(world: World, policy: Policy, child_uid: int | None, interface: str =
                                and _allowed(probe, mapped, child_uid, stat.S_IROTH))
         out.writable[probe] = (granted_write and not in_store and reachable
                                and _allowed(probe, mapped, child_uid, stat.S_IWOTH))
-    closed = _closed_tops(world, writable_grants, with_mounts)
+    closed = _closed_tops(world, writable_grants)
     for new in world.new_names(interface):
         folder = os.path.dirname(new)
         out.created[new] = (any(is_within(folder, g) for g in writable_grants)
@@ -234,17 +232,13 @@ def expect(world: World, policy: Policy, child_uid: int | None, interface: str =
     return out
 
 
-def _closed_tops(world: World, writable_grants: list[str], with_mounts: bool) -> set[str]:
+def _closed_tops(world: World, writable_grants: list[str]) -> set[str]:
     """Step 7: the kernel's working directory takes no new name where a writable grant
-    holds it; without mounts, nor do the folders between that grant and it."""
+    holds it, nor does any folder between that grant and it."""
     workdir = world.workdir
     if workdir is None:
         return set()
     grants = [g for g in writable_grants if is_within(workdir, g)]
-    if not grants:
-        return set()
-    if with_mounts:
-        return {workdir}
     return {folder for folder in _folders_to(workdir)
             if any(is_within(folder, g) for g in grants)}
 
@@ -438,13 +432,12 @@ def expect_toolset(world: World, policy: Policy) -> Expected:
         hidden = any(is_within(probe, world.store) and world.store != r for r, _ in inside)
         out.readable[probe] = bool(inside) and not hidden
         out.writable[probe] = any(m == "rw" for _, m in inside) and not hidden
-    # step 10: no new module where the kernel imports first, inside a writable root
+    # step 10: nothing new where the kernel imports first, inside a writable root
     writable_roots = [r for r, m in roots if m == "rw"]
     closed = world.workdir if any(is_within(world.workdir or "", r) for r in writable_roots) else None
     for new in world.new_names("toolset"):
         folder = os.path.dirname(new)
-        out.created[new] = (any(is_within(folder, r) for r in writable_roots)
-                            and not (folder == closed and new.endswith(".py")))
+        out.created[new] = any(is_within(folder, r) for r in writable_roots) and folder != closed
     return out
 
 
@@ -482,7 +475,7 @@ def check(rng: random.Random, manager: SandboxManager, interfaces=INTERFACES,
             if interface == "toolset":
                 expected = expect_toolset(world, policy)
             else:
-                expected = expect(world, policy, manager.child_uid, interface, hidden_by_mounts())
+                expected = expect(world, policy, manager.child_uid, interface)
             observed = observe(world, policy, interface, manager)
             problems += [f"{label}{interface}: {p}" for p in compare(expected, observed)]
         if problems:

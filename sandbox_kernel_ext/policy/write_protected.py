@@ -52,6 +52,13 @@ FOLDER_STARTUP_PATHS = (
     "jupyter_server_config.py", "jupyter_notebook_config.py", "jupyter_lab_config.py",
     "jupyter_config.py", "ipython_config.py", "ipython_kernel_config.py",
     "sitecustomize.py", "usercustomize.py",
+    # run by a tool the person starts in the folder: pdb (and IPython's %debug) reads
+    # `.pdbrc`; VS Code loads `.env` into the kernels it starts; test runners and build tools
+    # take plugins and commands from their settings
+    ".pdbrc", ".env", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "conftest.py",
+    "noxfile.py", "Makefile", "makefile", "GNUmakefile", "justfile",
+    # Jupyter's own copies of the notebooks, which "Revert to checkpoint" puts back
+    ".ipynb_checkpoints",
 )
 # Where tools put a project's virtual environment.
 _ENVIRONMENT_NAMES = (".venv", "venv", "env", ".env", "virtualenv", ".virtualenv", ".conda",
@@ -104,9 +111,8 @@ def kernel_workdirs() -> list[str]:
 class WriteGuard:
     """The same rules for the file toolset's writes, judged by name at each change (the
     toolset writes as the kernel, so no mount holds it): nothing inside a protected path
-    changes, and no new module, package, `.pth` file, notebook or folder is made directly in
-    a folder Python imports from first. A file of another kind may be made there (a report
-    beside the notebook): the toolset sees the name, where a mount could only refuse all."""
+    changes, and nothing new is named directly in a folder Python imports from first, as in
+    a run."""
 
     def __init__(self, writable: Iterable[str], policy_file: str | None,
                  named: Iterable[str] = ()) -> None:
@@ -125,11 +131,10 @@ class WriteGuard:
                     "sandbox run (a repository's .git, startup and tool settings files, a Python "
                     "environment, a module where the kernel imports first); a policy that names "
                     "it allows writing it")
-        if creates and (is_folder or name.endswith(_IMPORTABLE_SUFFIXES)) \
-                and folder in import_folders(self.writable, workdirs):
-            return ("this folder is where the kernel imports from first, so a new module, "
-                    "package, notebook or folder here would run outside any sandbox; "
-                    "write it in a subfolder")
+        if creates and folder in import_folders(self.writable, workdirs):
+            return ("this folder is where the kernel imports from first, and it takes no new "
+                    "name from a sandbox or a tool (a module or a settings file there would "
+                    "run outside any sandbox); write it in a subfolder")
         return None
 
 
@@ -144,11 +149,40 @@ def resolved(path: str) -> str | None:
 def import_folders(writable: Iterable[str], workdirs: Iterable[str]) -> list[str]:
     """The folders inside `writable` ones that `import NAME` searches before anything
     installed: `workdirs` (where a kernel or a Python started by the person begins) and the
-    rest of this kernel's `sys.path`. A run may not add a name at their top level."""
+    rest of this kernel's `sys.path`; for one that does not exist yet, the folder it would
+    be made in; and the folder of each symlink on the way to one as it is spelled (Jupyter
+    restarts a kernel by the folder's name, Python imports by `sys.path`'s). A run may not
+    add, remove or move a name in them."""
     roots = {path for path in writable if os.path.isdir(path)}
     by_name = _python_and_jupyter_folders(tuple(sys.path))[1]
-    return [folder for folder in dict.fromkeys([*workdirs, *by_name])
-            if within_any(folder, roots) is not None and os.path.isdir(folder)]
+    found = []
+    for folder in dict.fromkeys([*workdirs, *by_name, *_link_folders(roots)]):
+        while not os.path.isdir(folder) and folder != os.path.dirname(folder):
+            folder = os.path.dirname(folder)  # where a sandbox would make it
+        if within_any(folder, roots) is not None:
+            found.append(folder)
+    return list(dict.fromkeys(found))
+
+
+def _link_folders(roots: set[str]) -> list[str]:
+    """The real folders, inside `roots`, of the symlinks on the way to this kernel's
+    working directory as `PWD` spells it and to each `sys.path` entry as written."""
+    spelled = [entry for entry in sys.path if entry and os.path.isabs(entry)]
+    pwd = os.environ.get("PWD", "")
+    if os.path.isabs(pwd) and kernel_workdirs() == [resolved(pwd)]:
+        spelled.append(pwd)
+    found = []
+    for path in spelled:
+        if resolved(path) == os.path.normpath(path):
+            continue  # no link on the way
+        parts = os.path.normpath(path).split("/")
+        for depth in range(2, len(parts) + 1):
+            step = "/".join(parts[:depth])
+            if os.path.islink(step):
+                folder = resolved(os.path.dirname(step))
+                if folder and within_any(folder, roots) is not None:
+                    found.append(folder)
+    return found
 
 
 def _protected_in(folder: str, *, importable: bool) -> list[str]:
@@ -170,9 +204,27 @@ def _protected_in(folder: str, *, importable: bool) -> list[str]:
         elif name in _ENVIRONMENT_NAMES and is_dir:
             found += _environment(path)
         elif importable and (name.endswith(_IMPORTABLE_SUFFIXES) or (is_dir and (
-                name == "__pycache__" or os.path.lexists(os.path.join(path, "__init__.py"))))):
+                name == "__pycache__" or name in module_names()
+                or os.path.lexists(os.path.join(path, "__init__.py"))))):
             found.append(path)
     return found
+
+
+@functools.lru_cache(maxsize=1)
+def module_names() -> frozenset[str]:
+    """Top-level names Python has modules for: the standard library's, the installed
+    distributions' and what is imported now. A folder of such a name where Python imports
+    first would shadow the module once an `__init__.py` is put in it (`json/`, `logging/`:
+    a kernel's start imports them), so it is kept whole."""
+    names = set(getattr(sys, "stdlib_module_names", ()))
+    names.update(name for name in sys.modules if "." not in name)
+    try:
+        from importlib.metadata import packages_distributions
+
+        names.update(packages_distributions())
+    except Exception:  # noqa: BLE001 - a broken distribution's metadata: the rest still count
+        pass
+    return frozenset(name for name in names if name.isidentifier())
 
 
 _LISTINGS: dict[str, tuple[tuple[int, int, int], list[tuple[str, bool, bool]]]] = {}

@@ -80,8 +80,8 @@ class ChildPlan:
     # mounts too (a mount cannot be renamed away); without, already left out of write_paths.
     protected_paths: list[str] = field(default_factory=list)
     # Folders Python imports from by name inside the writable ones (the kernel's working
-    # directory, its sys.path): bound read-only over their entries, each bound as it is, so
-    # what is there stays writable and nothing new can be named at their top level.
+    # directory, its sys.path): Landlock lets their files (and those of the folders on the
+    # way from their writable root) be written in place, and nothing be named anew there.
     closed_folders: list[str] = field(default_factory=list)
     # "Read everywhere" lists / itself too: a Landlock rule to list every folder (names
     # only), given where whatever may not be read is hidden under mounts and /proc is private.

@@ -332,12 +332,10 @@ def test_no_new_name_appears_where_python_imports_first(project: Path, interface
         assert (top / "sub" / "seed.py").read_text() == ORIGINAL
 
 
-@pytest.mark.skipif(hidden_by_mounts(), reason="the rules for a folder's entries one by one "
-                    "are made only where there are no mounts")
 def test_a_link_at_a_closed_folders_top_grants_nothing_outside(project: Path) -> None:
-    """Without mounts the working directory's entries become Landlock rules one by one; a
-    rule follows a link, so a link there to a folder the policy never named must not become
-    one (`data -> /mnt/disk`)."""
+    """The working directory's subfolders become Landlock rules one by one; a rule follows a
+    link, so a link there to a folder the policy never named must not become one
+    (`data -> /mnt/disk`)."""
     outside = Path(tempfile.mkdtemp(prefix="sbxout-"))
     try:
         os.chmod(outside, 0o777)
@@ -360,8 +358,8 @@ except OSError as exc:
 
 def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
     """The in-kernel file tools write as the kernel, with no mount to hold them: the same
-    paths are refused by name at each change, and no new module, package, notebook or
-    folder is made where the kernel imports first (a file of another kind may be)."""
+    paths are refused by name at each change, and nothing new is named where the kernel
+    imports first (found in review: a `.pdbrc` made there ran at the next `%debug`)."""
     from sandbox_kernel_ext import FileSystemToolset
     from sandbox_kernel_ext.policy.errors import PathNotWritableError
 
@@ -380,6 +378,8 @@ def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
         "deleted": lambda: tools.delete_file("/proj/.envrc"),
         "edited": lambda: tools.edit_file("/proj/.envrc", "original", "export X=1"),
         "home startup": lambda: tools.write_file("/proj/home/.bashrc", "planted"),
+        "debugger settings": lambda: tools.write_file("/proj/.pdbrc", "import os"),
+        "a new text file there": lambda: tools.write_file("/proj/report.md", "# report"),
     }
     outcome = {}
     for label, change in refused.items():
@@ -391,9 +391,9 @@ def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
             assert "/tmp" not in str(exc) and str(project) not in str(exc)  # no host path
     assert set(outcome.values()) == {"refused"}, outcome
     tools.write_file("/proj/notes.txt", "changed\n")
-    tools.write_file("/proj/report.md", "a report beside the notebook\n")
+    tools.write_file("/proj/conf/report.md", "a report beside the notebook\n")
     tools.write_file("/proj/conf/new.py", "fine\n")
-    assert (project / "report.md").exists() and (project / "conf" / "new.py").exists()
+    assert (project / "conf" / "report.md").exists() and (project / "conf" / "new.py").exists()
     assert not (project / "ipykernel_launcher.py").exists() and not (project / "newpkg").exists()
     _check_untouched(project)
 
@@ -403,3 +403,84 @@ def _check_untouched(root: Path) -> None:
         if name != "policy.yaml":
             assert (root / name).read_text() == ORIGINAL, name
     assert "write_approval: false" in (root / "tools.yaml").read_text()
+
+
+SHADOW = r"""
+import os
+outcome = {}
+def attempt(label, action):
+    try:
+        action()
+        outcome[label] = 'done'
+    except OSError as exc:
+        outcome[label] = type(exc).__name__
+for label, action in ACTIONS:
+    attempt(label, action)
+print(sorted(outcome.items()))
+"""
+
+
+def _attack(project: Path, actions: str, interface: str = "run_python") -> str:
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = run_code(manager, sid, interface, actions + SHADOW)
+    assert result.exit_code == 0, result
+    return result.stdout
+
+
+def test_a_folder_named_like_a_module_is_kept_whole(project: Path) -> None:
+    """Found in review: a data folder `json/` (or `logging/`, `email/`) beside the notebook,
+    given an `__init__.py`, shadowed the standard module at the next kernel start, which
+    imports them. A folder of another name stays writable."""
+    for name in ("json", "data"):
+        (project / name).mkdir()
+        (project / name / "rows.txt").write_text(ORIGINAL)
+    subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+    out = _attack(project, f"""
+root = {str(project)!r}
+ACTIONS = [
+    ('json init', lambda: open(root + '/json/__init__.py', 'w').write('planted')),
+    ('json rows', lambda: open(root + '/json/rows.txt', 'a').write('x')),
+    ('data new', lambda: open(root + '/data/new.txt', 'w').write('fine')),
+]
+""")
+    assert "('data new', 'done')" in out, out
+    assert not (project / "json" / "__init__.py").exists()
+    assert (project / "json" / "rows.txt").read_text() == ORIGINAL
+
+
+def test_a_missing_folder_on_the_kernels_path_cannot_be_made(project: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: `sys.path` named `lib/src`, which did not exist; a cell made it with
+    a module in it, which the kernel imported next."""
+    (project / "lib").mkdir()
+    subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+    monkeypatch.syspath_prepend(str(project / "lib" / "src"))
+    out = _attack(project, f"""
+root = {str(project)!r}
+ACTIONS = [('make it', lambda: os.makedirs(root + '/lib/src'))]
+""")
+    assert "('make it', 'done')" not in out and not (project / "lib" / "src").exists(), out
+
+
+def test_a_link_on_the_way_to_the_kernels_path_cannot_be_swapped(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: `sys.path` spelled `a/link/src` with `link -> ../real`; a cell put a
+    folder of its own where the link was, and the kernel imported its module."""
+    (project / "real" / "src").mkdir(parents=True)
+    (project / "a").mkdir()
+    os.symlink("../real", project / "a" / "link")
+    subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+    monkeypatch.syspath_prepend(str(project / "a" / "link" / "src"))
+    out = _attack(project, f"""
+root = {str(project)!r}
+def swap():
+    os.rename(root + '/a/link', root + '/a/old-link')
+    os.makedirs(root + '/a/link/src')
+    open(root + '/a/link/src/evilmod.py', 'w').write('planted')
+ACTIONS = [('swap', swap), ('beside', lambda: open(root + '/a/other.txt', 'w').write('x'))]
+""")
+    assert "('swap', 'done')" not in out, out
+    assert os.readlink(project / "a" / "link") == "../real"
+    assert not (project / "a" / "link" / "src" / "evilmod.py").exists()

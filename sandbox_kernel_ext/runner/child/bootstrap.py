@@ -143,13 +143,43 @@ def rules_for(plan: ChildPlan) -> landlock.LandlockRuleset | None:
     for path in outermost(plan.read_paths, {*plan.read_paths, *writable}):
         rules.allow_read(path)
     for path in outermost(plan.write_paths, writable):
-        rules.allow_write(path)
+        _write_rules(rules, path, plan.closed_folders)
     if plan.list_everywhere:
         rules.allow_list("/")
     if plan.proxy_port is not None:
         rules.allow_tcp_connect(plan.proxy_port)  # the proxy is the one TCP port it may reach
     rules.scope_signals().scope_abstract_unix()
     return rules
+
+
+def _write_rules(rules: landlock.LandlockRuleset, root: str, closed: list[str]) -> None:
+    """A writable root's rules. One that holds a closed folder (where Python imports from
+    first) is split: that folder and each folder on the way to it from the root may have
+    their files written in place, and nothing made, removed or moved in them (a planted
+    `ipykernel_launcher.py`, or the folder renamed away and made anew); every other
+    subfolder of theirs is writable whole. Listed here, in the child's own view: a folder
+    made since the plan is in it; a name swapped for a link is skipped (`_open_rule`)."""
+    shut = [folder for folder in closed if is_within(folder, root)]
+    if not shut:
+        rules.allow_write(root)
+        return
+    on_way: set[str] = set()
+    for folder in shut:
+        while folder not in on_way:
+            on_way.add(folder)
+            if folder == root:
+                break
+            folder = os.path.dirname(folder)
+    for folder in sorted(on_way):
+        rules.allow_write_in_place(folder)
+        try:
+            with os.scandir(folder) as entries:
+                subfolders = [entry.path for entry in entries
+                              if entry.is_dir(follow_symlinks=False) and entry.path not in on_way]
+        except OSError:
+            continue  # gone: its rule is skipped as missing too
+        for path in subfolders:
+            rules.allow_write(path)
 
 
 def outermost(paths: list[str], covering: set[str]) -> list[str]:
@@ -523,17 +553,16 @@ def _writable_trees(trees: list[str], write_paths: list[str]) -> None:
                     raise
 
 
-def protect_paths(protected: list[str], write_paths: list[str], closed: list[str] = ()) -> None:
+def protect_paths(protected: list[str], write_paths: list[str]) -> None:
     """Make each protected path inside a writable folder read-only, reached without a
     symlink (one planted there since the plan was made protects nothing and is skipped:
     what it points at is not the path). The folders between its writable root and it are
     bound on themselves first, so none can be renamed away with the protected path in it
     (a mount point cannot be renamed or removed); then the path itself, read-only. A
-    writable path the policy names inside a protected one stays writable. Then each `closed`
-    folder (`close_folder`), its way from its root anchored the same."""
+    writable path the policy names inside a protected one stays writable."""
     roots = [root for root in write_paths if os.path.isdir(root)]
     anchors: set[str] = set()
-    for path in [*protected, *closed]:
+    for path in protected:
         # from the outermost writable folder: a writable one nested in another is as
         # renamable as any folder there
         root = min((r for r in roots if is_within(path, r) and r != path), key=len, default=None)
@@ -547,42 +576,12 @@ def protect_paths(protected: list[str], write_paths: list[str], closed: list[str
             _bind_on_itself(walk, folder, readonly=False)
         for path in protected:
             _bind_on_itself(walk, path, readonly=True)
-        for folder in closed:
-            close_folder(walk, folder)
     finally:
         walk.close()
     for path in write_paths:
         if any(is_within(path, outer) and path != outer for outer in protected) \
                 and os.path.lexists(path):
             set_mount_readonly(path, False, recursive=False)
-
-
-def close_folder(walk: _LinkFreeWalk, folder: str) -> None:
-    """Nothing new can be named at `folder`'s top level, and what is there stays as it was:
-    each entry bound on itself (a read-only one stays read-only: a bind keeps its source
-    mount's flags), then the folder bound on itself with them and made read-only alone.
-    An entry that cannot be bound (the namespace's mount limit) stays read-only."""
-    fd = walk.folder(folder)
-    if fd is None:
-        return  # a link, or gone: nothing a kernel would start in
-    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-    try:
-        names = os.listdir(listing)
-    finally:
-        os.close(listing)
-    for name in names:
-        try:
-            _bind_on_itself(walk, os.path.join(folder, name), readonly=False)
-        except OSError:
-            pass
-    _bind_on_itself(walk, folder, readonly=False)
-    mounted = walk.open(folder)
-    if mounted is None:
-        raise OSError(errno.EBUSY, f"{folder} changed while it was closed to new names")
-    try:
-        set_mount_readonly_at(mounted, True, recursive=False)
-    finally:
-        os.close(mounted)
 
 
 def _bind_on_itself(walk: _LinkFreeWalk, path: str, *, readonly: bool) -> None:
@@ -681,7 +680,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
         devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
         view_host_read_only(plan.write_paths)
         _writable_trees([path for path, _ in trees], plan.write_paths)
-        protect_paths(plan.protected_paths, plan.write_paths, plan.closed_folders)
+        protect_paths(plan.protected_paths, plan.write_paths)
     # Asked for only where the kernel found them possible (`isolation.private_mounts`): one
     # that fails now is a layer the report claims and the run would lack, so it stops the run.
     if plan.private_proc:

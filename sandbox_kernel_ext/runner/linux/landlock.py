@@ -112,6 +112,10 @@ FS_WRITE_RIGHTS = FS_READ_RIGHTS | (
     | ACCESS_FS_TRUNCATE
     | ACCESS_FS_IOCTL_DEV
 )
+# Writing what is there, in place: a folder's files (and those below it) change, nothing is
+# made, removed, renamed or linked in it. A folder Python imports from first gets these, its
+# subfolders the full write rights (`child/bootstrap.py` `rules_for`).
+FS_IN_PLACE_RIGHTS = FS_READ_RIGHTS | ACCESS_FS_WRITE_FILE | ACCESS_FS_TRUNCATE | ACCESS_FS_IOCTL_DEV
 
 
 class LandlockUnavailableError(RuntimeError):
@@ -174,6 +178,7 @@ class LandlockRuleset:
         self.abi = kernel_abi if abi is None else max(0, min(abi, kernel_abi))
         self._read_paths: list[str] = []
         self._write_paths: list[str] = []
+        self._in_place_paths: list[str] = []
         self._list_paths: list[str] = []
         self._tcp_connect_ports: list[int] = []
         self._tcp_bind_ports: list[int] = []
@@ -227,6 +232,12 @@ class LandlockRuleset:
         self._write_paths.append(os.fspath(path))
         return self
 
+    def allow_write_in_place(self, path: str | os.PathLike[str]) -> LandlockRuleset:
+        """Everything ``allow_read`` gives plus writing and truncating files beneath ``path``:
+        no name is made, removed or moved there (a subfolder's own rule may allow it)."""
+        self._in_place_paths.append(os.fspath(path))
+        return self
+
     def allow_tcp_connect(self, port: int) -> LandlockRuleset:
         """Allow TCP ``connect()`` to ``port`` on any host (Landlock sees ports, not addresses)."""
         self._tcp_connect_ports.append(_check_port(port))
@@ -272,6 +283,8 @@ class LandlockRuleset:
                 self._add_path_rule(ruleset_fd, path, FS_READ_RIGHTS & handled)
             for path in self._write_paths:
                 self._add_path_rule(ruleset_fd, path, FS_WRITE_RIGHTS & handled)
+            for path in self._in_place_paths:
+                self._add_path_rule(ruleset_fd, path, FS_IN_PLACE_RIGHTS & handled)
             for path in self._list_paths:
                 self._add_path_rule(ruleset_fd, path, ACCESS_FS_READ_DIR & handled)
             if self.abi >= NET_ABI:

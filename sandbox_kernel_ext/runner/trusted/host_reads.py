@@ -162,9 +162,8 @@ def python_write_set() -> list[str]:
     return ["/dev/null"]
 
 
-def cover_except(root: str, denied: Iterable[str], closed: Iterable[str] = ()) -> list[str]:
-    """Rules that cover ``root`` minus every path in ``denied``, and minus the top level of
-    each folder in ``closed`` (its entries are covered, the folder itself is not).
+def cover_except(root: str, denied: Iterable[str]) -> list[str]:
+    """Rules that cover ``root`` minus every path in ``denied``.
 
     Landlock only allows, so a denial beneath an allowed folder is expressed by granting that
     folder's other children instead, recursively along the path to each denied entry. Only
@@ -176,12 +175,11 @@ def cover_except(root: str, denied: Iterable[str], closed: Iterable[str] = ()) -
     # the folders above resolved, not a denied path's own name (see credential_paths)
     denied_set = {os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
                   for path in denied}
-    closed_set = {os.path.realpath(folder) for folder in closed}
 
     def walk(folder: str) -> list[str]:
         if folder in denied_set:
             return []
-        if not any(is_within(bad, folder) for bad in (*denied_set, *closed_set)):
+        if not any(is_within(bad, folder) for bad in denied_set):
             return [folder]
         grants: list[str] = []
         try:

@@ -141,23 +141,20 @@ def _everywhere_read_set() -> tuple[str, ...]:
 
 
 def split_around_denied(readable: list[str], denied: Iterable[str],
-                        named: Iterable[str], *, closed: Iterable[str] = ()) -> list[str]:
+                        named: Iterable[str]) -> list[str]:
     """Without mounts to hide them: each readable folder that holds a denied path the policy
     does not name itself, as rules for everything in it but that path (`cover_except`),
     listed anew at each run, so a folder or file made since is readable and a store made
     since is not. A readable path inside a denied one that the policy does not name (a
-    link planted where a policy path was, `data -> ~/.aws`) is left out. A `closed` folder
-    becomes rules for its entries, none for itself: nothing new can be made at its top."""
+    link planted where a policy path was, `data -> ~/.aws`) is left out."""
     named = set(named)
     denied = [path for path in dict.fromkeys(denied) if path not in named]
-    closed = list(closed)
     rules: list[str] = []
     for path in readable:
         if path not in named and any(is_within(path, bad) for bad in denied):
             continue
         inside = [bad for bad in denied if is_within(bad, path)]
-        shut = [folder for folder in closed if is_within(folder, path)]
-        rules += host_reads.cover_except(path, inside, closed=shut) if inside or shut else [path]
+        rules += host_reads.cover_except(path, inside) if inside else [path]
     return list(dict.fromkeys(rules))
 
 
@@ -637,7 +634,7 @@ def build_plan(
         view_stamp=view_stamp(versions),
         owner_mapped=owner_mapped,
         protected_paths=protected if hidden_by_mounts() else [],
-        closed_folders=closed if hidden_by_mounts() else [],
+        closed_folders=closed,
         list_everywhere=mounts["proc"] and hidden_by_mounts() and _reads_everywhere(granted_reads),
         private_proc=mounts["proc"],
         private_shm=mounts["dev_shm"],
@@ -677,19 +674,19 @@ def _write_protection(capability: CapabilityDeclaration, readable: list[str],
                       writable: list[str], named: list[str]
                       ) -> tuple[list[str], list[str], list[str], list[str]]:
     """(the protected paths inside the writable ones, the folders closed to new names,
-    readable, writable): with mounts the child binds the protected paths read-only and each
-    closed folder read-only over its entries bound as they are; without, Landlock only
-    allows, so a writable folder holding either becomes rules for its other entries (its own
-    top level, and each folder on the way, only readable)."""
+    readable, writable): with mounts the child binds the protected paths read-only; without,
+    Landlock only allows, so a writable folder holding one becomes rules for its other
+    entries (its own top level, and each folder on the way, only readable). The closed
+    folders are Landlock's in both (`child/bootstrap.py` `rules_for`)."""
     named_writable = [path for path in named if path in writable]
     workdirs = kernel_workdirs()
     protected = write_protected_paths(writable, workdirs, _policy_file(capability),
                                       named_writable)
     closed = [folder for folder in import_folders(writable, workdirs)
               if not any(is_within(folder, path) for path in protected)]
-    if (protected or closed) and not hidden_by_mounts():
+    if protected and not hidden_by_mounts():
         return protected, closed, [*readable, *writable], split_around_denied(
-            writable, protected, named_writable, closed=closed)
+            writable, protected, named_writable)
     return protected, closed, readable, writable
 
 
