@@ -484,3 +484,14 @@ ACTIONS = [('swap', swap), ('beside', lambda: open(root + '/a/other.txt', 'w').w
     assert "('swap', 'done')" not in out, out
     assert os.readlink(project / "a" / "link") == "../real"
     assert not (project / "a" / "link" / "src" / "evilmod.py").exists()
+
+
+def test_a_new_file_beside_the_notebook_is_refused_saying_why(project: Path) -> None:
+    """Found in review: the refusal was a bare "Read-only file system: 'results.csv'"."""
+    policy = CapabilityParser.from_file(project / "policy.yaml")
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, "open('results.csv', 'w').write('a,b')")
+    assert result.exit_code == 1 and not (project / "results.csv").exists()
+    assert "takes no new file from a sandbox" in result.stderr
+    assert "write new files in a subfolder" in result.stderr, result.stderr

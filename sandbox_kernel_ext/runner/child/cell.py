@@ -71,7 +71,7 @@ def begin(plan: ChildPlan, streams: Callable[[], None] = open_streams
     os.environ.clear()
     os.environ.update(plan.env)
     payload = pickle.loads(read_to_end(PAYLOAD_FD))
-    inside.install(CONTROL_FD, payload.get("policy") or {})
+    inside.install(CONTROL_FD, {**(payload.get("policy") or {}), "closed": plan.closed_folders})
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = main

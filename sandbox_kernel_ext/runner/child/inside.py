@@ -161,6 +161,7 @@ class _Policy:
         self.writable: list[str] = view.get("writable", [])
         self.denied: list[str] = view.get("denied", [])
         self.home: str | None = view.get("home")
+        self.closed: list[str] = view.get("closed", [])  # where Python imports from first
 
     def root_of(self, path: str) -> tuple[dict[str, Any], str] | None:
         for root in self.roots:
@@ -180,6 +181,13 @@ class _Policy:
         """Why the policy refuses this access, or None if it allows it (then a refusal is the
         file's own permissions, and the system's message is the right one)."""
         access = "write to" if write else "read of"
+        if write and self.closed:
+            full = os.path.abspath(path)
+            if os.path.realpath(os.path.dirname(full)) in self.closed and not os.path.lexists(full):
+                return (f"creating {path} denied by the sandbox policy: its folder is where the "
+                        "kernel imports from first (or on the way to it), which takes no new "
+                        "file from a sandbox (a module there would run outside it); write new "
+                        "files in a subfolder")
         found = self.root_of(path)
         if found is not None:
             root, virtual = found
