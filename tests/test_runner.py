@@ -434,3 +434,18 @@ def test_inputs_are_loaded_after_the_cells_hooks(manager: SandboxManager, shared
     result = manager.run_python(sid, "print('ran')", inputs={"x": _OpensWhenLoaded(str(secret))})
     assert result.exit_code != 0 and "ran" not in result.stdout
     assert f"read of {secret} denied by the sandbox policy" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("egress", [False, True])
+def test_a_name_lookup_says_why_the_sandbox_has_no_answer(manager: SandboxManager,
+                                                          egress: bool) -> None:
+    """Found by a first-hour user: a fetch failed with "Temporary failure in name
+    resolution", as if the host's network were down."""
+    policy = CapabilityDeclaration.model_validate(
+        {"network_egress_rules": [{"domain": "pypi.org", "ports": [443]}]} if egress else {})
+    sid = manager.create_sandbox(policy)
+    result = manager.run_python(sid, "import socket\nsocket.getaddrinfo('example.com', 443)")
+    assert result.exit_code == 1
+    expected = ("its one way out is the proxy named in HTTPS_PROXY and HTTP_PROXY, to pypi.org"
+                if egress else "the sandbox has no network (its policy lists no egress rules)")
+    assert expected in result.stderr and "'example.com'" in result.stderr, result.stderr

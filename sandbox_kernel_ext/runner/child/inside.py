@@ -162,6 +162,15 @@ class _Policy:
         self.denied: list[str] = view.get("denied", [])
         self.home: str | None = view.get("home")
         self.closed: list[str] = view.get("closed", [])  # where Python imports from first
+        self.egress: list[str] | None = view.get("egress")  # the domains the proxy lets out
+
+    def no_names(self) -> str:
+        """Why a name lookup fails in this sandbox."""
+        if not self.egress:
+            return "the sandbox has no network (its policy lists no egress rules)"
+        shown = ", ".join(self.egress[:8]) + (", ..." if len(self.egress) > 8 else "")
+        return ("the sandbox resolves no names itself: its one way out is the proxy named in "
+                f"HTTPS_PROXY and HTTP_PROXY, to {shown}")
 
     def root_of(self, path: str) -> tuple[dict[str, Any], str] | None:
         for root in self.roots:
@@ -419,6 +428,19 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         )
 
 
+_getaddrinfo = socket.getaddrinfo
+
+
+def _sandbox_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+    """`socket.getaddrinfo`, whose failure says why there is no answer here (it was
+    "Temporary failure in name resolution", as on a host whose network is down)."""
+    try:
+        return _getaddrinfo(host, *args, **kwargs)
+    except socket.gaierror as exc:
+        raise socket.gaierror(exc.errno, f"{exc.strerror} for {host!r}: {_policy.no_names()}"
+                              ) from None
+
+
 def install(control_fd: int, view: dict[str, Any]) -> None:
     """Connect to the trusted side and put the wrappers in place (before the cell's first line)."""
     global _channel, _policy
@@ -429,6 +451,8 @@ def install(control_fd: int, view: dict[str, Any]) -> None:
         package.report_usage = report_usage  # type: ignore[attr-defined]
     builtins.input = _input
     getpass.getpass = _getpass
+    if "egress" in view:
+        socket.getaddrinfo = _sandbox_getaddrinfo
     if _policy.roots or _policy.readable or _policy.writable:
         builtins.open = _sandbox_open
         io.open = _sandbox_open

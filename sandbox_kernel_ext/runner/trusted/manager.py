@@ -458,6 +458,7 @@ class SandboxManager:
             "writable": [p for p in writable if p not in tables],
             "home": sandbox.home,
             "denied": list(sandbox.denied),
+            "egress": [rule.domain for rule in sandbox.capability.network_egress_rules],
         }
 
     def _run(
