@@ -50,6 +50,14 @@ _OPTION_OF = {
     "max_memory_mb": "--memory", "max_cpu_seconds": "--cpu", "timeout": "--timeout",
     "allow_read": "--allow-read", "allow_write": "--allow-write", "allow_net": "--allow-net",
 }
+# Where a policy grants what each option can only narrow, with an example line.
+_WIDENED_BY = {
+    "allow_read": "filesystem_config.readable_paths (readable_paths: [data, /srv/shared])",
+    "allow_write": "filesystem_config.writable_paths (writable_paths: [out])",
+    "allow_net": "network_egress_rules (network_egress_rules: [{domain: pypi.org, ports: [443]}])",
+    "max_memory_mb": "resource_limits.max_memory_mb (max_memory_mb: 2048)",
+    "max_cpu_seconds": "resource_limits.max_cpu_seconds (max_cpu_seconds: 120)",
+}
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*\Z")
 # The log's decision column speaks one language for approvals and egress.
 _DECIDED = {Decision.allow_once: "approved once",
@@ -278,6 +286,19 @@ def _names(groups: list[list[str]] | None, option: str) -> list[str]:
         if not _IDENTIFIER.match(name):
             raise UsageError(f"{option}: {name!r} is not a variable name")
     return list(dict.fromkeys(names))
+
+
+def _way_to_widen(field: str, source: str) -> str:
+    """What to change for a cell to get more: options only narrow the session's policy."""
+    if field == "timeout":
+        return "; to raise the ceiling: %config SandboxMagics.timeout = 120"
+    where = _WIDENED_BY.get(field)
+    if where is None:
+        return ""
+    if os.path.isfile(source):
+        return f"; to allow it, add it to {where} in {source}"
+    return (f"; to allow it, write a policy file with {where} and load it: "
+            "%config SandboxMagics.policy = 'policy.yaml'")
 
 
 def _unquoted(text: str) -> str:
@@ -684,7 +705,8 @@ class SandboxMagics(Magics):
                 if timeout is None:
                     timeout = lower_only("timeout", args.timeout, self.timeout, " s")
             except NarrowingError as exc:
-                raise UsageError(f"{_OPTION_OF.get(exc.field, exc.field)}: {exc}") from None
+                raise UsageError(f"{_OPTION_OF.get(exc.field, exc.field)}: {exc}"
+                                 f"{_way_to_widen(exc.field, source)}") from None
             return policy, source, timeout
         from ..runner.trusted.plan import withheld_from_everywhere
 
@@ -701,7 +723,8 @@ class SandboxMagics(Magics):
             if timeout is None:
                 timeout = lower_only("timeout", args.timeout, self.timeout, " s")
         except NarrowingError as exc:
-            raise UsageError(f"{_OPTION_OF.get(exc.field, exc.field)}: {exc}") from None
+            raise UsageError(f"{_OPTION_OF.get(exc.field, exc.field)}: {exc}"
+                             f"{_way_to_widen(exc.field, source)}") from None
         if not (args.allow_read or args.allow_write):
             if len(self._narrowed) >= 64:
                 self._narrowed.clear()

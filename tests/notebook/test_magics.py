@@ -343,6 +343,10 @@ def test_asking_beyond_the_policy_is_a_usage_error(k: KernelSession, options: st
     msg_id = cell(k, f"%%sandbox {options}\nprint('ran')")
     line = error_line(k, msg_id)
     assert line.startswith("UsageError") and words in line
+    if options.startswith(("--allow", "--memory 4", "--cpu")):  # the built-in policy: a file
+        assert "write a policy file with" in line and "SandboxMagics.policy" in line, line
+    if options.startswith("--timeout"):
+        assert "%config SandboxMagics.timeout = 120" in line, line
     assert "ran" not in k.text(msg_id, "stdout")
 
 
@@ -393,6 +397,12 @@ def test_config_policy_governs_the_cells(k: KernelSession, shared_dir: Path) -> 
         k.run(f"%%sandbox --quiet\nprint(open({str(shared_dir / 'data.txt')!r}).read())"))
     msg_id = cell(k, "%%sandbox --memory 300\npass")
     assert "ceiling of 200 MB" in error_line(k, msg_id)
+    # the way forward names the file, the field and an example line
+    assert (f"to allow it, add it to resource_limits.max_memory_mb (max_memory_mb: 2048) in "
+            f"{policy}") in error_line(k, msg_id)
+    msg_id = cell(k, "%%sandbox --allow-net pypi.org\npass")
+    assert (f"add it to network_egress_rules (network_egress_rules: [{{domain: pypi.org, "
+            f"ports: [443]}}]) in {policy}") in error_line(k, msg_id)
 
 
 @pytest.mark.parametrize(
