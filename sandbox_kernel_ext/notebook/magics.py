@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import html
 import json
 import math
 import os
@@ -21,7 +20,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -37,14 +36,17 @@ from ..approval import (
     HeadlessResponder,
     set_default_responder,
 )
-from ..policy.errors import CapabilityParseError, SandboxError, ToolError
+from ..policy.errors import (
+    CapabilityParseError, ConfigurationError, SandboxError, ToolError, UnreadableWorkdirError)
+from ..policy.examples import EXAMPLES, example_policy
 from ..policy.models import CapabilityDeclaration, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
 from ..policy.parser import CapabilityParser
+from .table import Table
 
 __all__ = ["SandboxCellError", "SandboxMagics", "Table"]
 
-SUBCOMMANDS = ("status", "policy", "list", "log", "reset", "restart")
+SUBCOMMANDS = ("status", "policy", "list", "log", "reset", "restart", "examples")
 # The `%%sandbox` option that carries each field a NarrowingError names.
 _OPTION_OF = {
     "max_memory_mb": "--memory", "max_cpu_seconds": "--cpu", "timeout": "--timeout",
@@ -126,44 +128,6 @@ def ask_person(prompt: str, password: bool) -> str:
     except StdinNotImplementedError:
         raise EOFError("input() in a sandboxed cell cannot be answered here: this frontend "
                        "takes no input (as under nbclient or papermill)") from None
-
-
-@dataclass
-class Table:
-    """A small table that shows as HTML in a notebook and as aligned text anywhere else."""
-
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    notes: list[str] = field(default_factory=list)
-
-    def text(self) -> str:
-        widths = [max([len(c), *(len(r[i]) for r in self.rows)])
-                  for i, c in enumerate(self.columns)]
-        widths[-1] = len(self.columns[-1])  # the last column runs on, unpadded
-        line = "  ".join
-        out = [self.title, line(c.ljust(w) for c, w in zip(self.columns, widths)),
-               line("-" * w for w in widths)]
-        out += [line(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in self.rows]
-        if not self.rows:
-            out.append("(none)")
-        return "\n".join([*out, *self.notes])
-
-    def html(self) -> str:
-        def cell(tag: str, value: str) -> str:
-            return f"<{tag} style='text-align:left'>{html.escape(value)}</{tag}>"
-
-        head = "".join(cell("th", c) for c in self.columns)
-        body = "".join("<tr>" + "".join(cell("td", v) for v in row) + "</tr>" for row in self.rows)
-        notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes)
-        return (f"<p><b>{html.escape(self.title)}</b></p><table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>{notes}")
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-    def __repr__(self) -> str:
-        return self.text()
 
 
 @dataclass
@@ -391,6 +355,12 @@ class SandboxMagics(Magics):
         value = proposal["value"]
         if not value:
             return ""
+        if value in EXAMPLES:  # an example policy, by name (`%sandbox examples`)
+            try:
+                example_policy(value, os.getcwd(), tempfile.gettempdir())
+            except (CapabilityParseError, ConfigurationError) as exc:
+                raise TraitError(f"SandboxMagics.policy: {exc}") from None
+            return value
         # The file itself, not a link to it: a link inside a folder a sandbox may write
         # could be pointed elsewhere, and the policy is read again when its file changes
         path = os.path.realpath(os.path.expanduser(value))
@@ -443,8 +413,13 @@ class SandboxMagics(Magics):
         return self._resources.workspace
 
     def session_policy(self, path: str | None = None) -> tuple[CapabilityDeclaration, str]:
-        """(policy, where it came from): `path`, else the configured file, else the default."""
+        """(policy, where it came from): `path`, else the configured file or example,
+        else the default."""
         path = path or self.policy
+        if path in EXAMPLES:
+            notebook = os.getcwd()
+            return (example_policy(path, notebook, self.workspace),
+                    f"example {path} (notebook folder {notebook}, workspace {self.workspace})")
         if path:
             return CapabilityParser.from_file(path), path
         return (CapabilityDeclaration.workspace_only(self.workspace),
@@ -495,8 +470,17 @@ class SandboxMagics(Magics):
                 ended.close()
                 print(f"[sandbox] session {name!r} had ended ({ended.end_reason}); this cell "
                       "starts a new one, without its variables", file=sys.stderr)
-            entry.session = self.manager.start_session(entry.sandbox.sandbox_id)
+            entry.session = self._start_session(entry.sandbox.sandbox_id)
         return entry.session
+
+    def _start_session(self, sandbox_id: str) -> Any:
+        """A session in the notebook's folder where its policy lets it read it (a relative
+        path then means in a cell what it means in the notebook), else in the runner's
+        default (the first writable folder)."""
+        try:
+            return self.manager.start_session(sandbox_id, cwd=os.getcwd())
+        except UnreadableWorkdirError:
+            return self.manager.start_session(sandbox_id)
 
     def close(self) -> None:
         """Stop every sandbox, the launcher and the monitors; remove the workspace; let the
@@ -633,8 +617,7 @@ class SandboxMagics(Magics):
                        on_display=run.publish, on_input=ask_person, **hooks)
         try:
             if args.fresh:
-                session = self.manager.start_session(
-                    self._one_shot_sandbox(policy, source, narrowing))
+                session = self._start_session(self._one_shot_sandbox(policy, source, narrowing))
             else:
                 session = self._session_for(args.session, policy, source, narrowing)
         except SandboxError as exc:
@@ -736,12 +719,14 @@ class SandboxMagics(Magics):
         changed (a YAML parse per cell would be most of a quick cell's cost)."""
         path = path or self.policy
         try:
-            info = os.stat(path) if path else None
+            info = os.stat(path) if path and path not in EXAMPLES else None
         except OSError:
             info = None  # the parser says what is wrong with it
         signature = ((path, info.st_mtime_ns, info.st_size, info.st_ino) if info is not None
+                     else (path, os.getcwd(), self.workspace) if path in EXAMPLES
                      else (path, self.workspace if not path else None))
-        cached = self._ceilings.get(signature) if info is not None or not path else None
+        cached = (self._ceilings.get(signature)
+                  if info is not None or not path or path in EXAMPLES else None)
         if cached is None:
             policy, source = self.session_policy(path)
             cached = (policy, source, self._policy_key(policy))
@@ -764,13 +749,13 @@ class SandboxMagics(Magics):
     # -- %sandbox ---------------------------------------------------------------------------------
     @line_magic("sandbox")
     def sandbox_line(self, line: str) -> Any:
-        """%sandbox status | policy | list | log | reset | restart [NAME]
+        """%sandbox status | policy | list | log | reset | restart [NAME] | examples
 
         status: which confinement layers this host enforces. policy: the session's policy.
         list: the confined sessions (policy, uptime, cells run, memory, state). log: approvals
         and egress decisions of this session. reset: forget the approvals given "for this
         session". restart [NAME]: end the sessions called NAME (all without one); the next
-        cell starts afresh.
+        cell starts afresh. examples: the policies for the common cases, chosen by name.
         """
         words = line.split()
         if words[:1] == ["restart"] and len(words) <= 2:
@@ -788,6 +773,14 @@ class SandboxMagics(Magics):
         ended = self._resources.end_sessions(name) if self._resources.manager else []
         what = ", ".join(sorted(set(ended))) or "none were running"
         print(f"Ended {len(ended)} session(s) ({what}); the next %%sandbox cell starts afresh.")
+
+    def _show_examples(self) -> Table:
+        """The example policies, with how to choose one and where it would point now."""
+        return Table("Example policies", ["example", "what it grants"],
+                     [[name, what] for name, (what, _) in EXAMPLES.items()],
+                     [f'choose one with %config SandboxMagics.policy = "NAME" (the notebook\'s '
+                      f"folder is the kernel's working directory, {os.getcwd()}); %sandbox "
+                      "policy then shows it in full, to copy into a policy file of your own"])
 
     def _show_status(self) -> Table:
         from ..runner.trusted.isolation import isolation_report

@@ -29,6 +29,10 @@ class ConfigurationError(SandboxError, ValueError):
     """A setting (environment variable, argument, policy value) is invalid."""
 
 
+class UnreadableWorkdirError(ConfigurationError):
+    """A run was asked to start in a folder its policy does not let it read."""
+
+
 class CapabilityParseError(SandboxError, ValueError):
     """A policy file or string cannot be parsed or fails validation.
 

@@ -7,6 +7,7 @@ and are open to the unprivileged uid sandboxed children run as when the kernel i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -733,6 +734,7 @@ def test_a_cell_cannot_rewrite_the_session_policy(k: KernelSession, shared_dir: 
     k.run(f"%config SandboxMagics.policy = {str(named)!r}")
     wider = f"filesystem_config: {{mode: read_write, writable_paths: [.], readable_paths: [{shared_dir}]}}\n"
     msg_id = cell(k, f"""%%sandbox --quiet
+import json
 import os
 target = {str(named)!r}
 for attempt in ('write', 'replace'):
@@ -755,3 +757,30 @@ except OSError as exc:
     print('refused', type(exc).__name__)
 """)
     assert "SECRET-OUTSIDE" not in k.text(msg_id, "stdout"), k.text(msg_id, "stdout")
+
+
+def test_an_example_policy_is_chosen_by_name(k: KernelSession, shared_dir: Path) -> None:
+    """Found by a first-hour user: under the default policy a cell cannot read the
+    notebook's own folder, and there was no example policy for the common cases."""
+    notebook = shared_dir / "notebook"
+    notebook.mkdir()
+    (notebook / "rows.csv").write_text("a,b\n1,2\n")
+    os.chmod(notebook, 0o755)
+    os.chmod(notebook / "rows.csv", 0o644)
+    listed = [m for m in k.outputs(k.run("%sandbox examples"))
+              if m["msg_type"] == "execute_result"][0]["content"]["data"]["text/plain"]
+    assert "read-notebook-folder" in listed and "pip-from-pypi" in listed
+    k.run(f"import os; _before = os.getcwd(); os.chdir({str(notebook)!r})")
+    try:
+        msg_id = cell(k, "%config SandboxMagics.policy = 'data-with-approvals'")
+        assert "needs a folder data/ beside the notebook" in k.text(msg_id) + str(k.error(msg_id))
+        k.run("%config SandboxMagics.policy = 'read-notebook-folder'")
+        out = k.text(k.run("%%sandbox --quiet\nprint(open('rows.csv').read().splitlines()[1])"))
+        assert out == "1,2\n"
+        msg_id = cell(k, "%%sandbox --quiet --no-raise-error\nopen('rows.csv', 'a').write('x')")
+        assert "PermissionError" in k.text(msg_id, "stderr") + str(k.error(msg_id))
+        assert (notebook / "rows.csv").read_text() == "a,b\n1,2\n"
+        shown = k.outputs(k.run("%sandbox policy"))
+        assert "example read-notebook-folder" in json.dumps([m["content"] for m in shown])
+    finally:
+        k.run("%config SandboxMagics.policy = ''\nos.chdir(_before)")

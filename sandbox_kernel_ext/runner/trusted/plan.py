@@ -32,7 +32,7 @@ from ...policy.credential_stores import (
     store_link_refusal,
     unhideable_store,
 )
-from ...policy.errors import SandboxError
+from ...policy.errors import SandboxError, UnreadableWorkdirError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within, outermost, within_any
 from ...policy.write_protected import import_folders, kernel_workdirs, write_protected_paths
@@ -606,7 +606,8 @@ def build_plan(
     _refuse_overlap(list(runtime_read_set()), approval_roots(capability)[0],
                     "the interpreter's or system folder", "read_approval")
     if not any(is_within(workdir, path) for path in [*read_paths, *write_paths]):
-        raise SandboxError(f"working directory {workdir} is not readable under this policy")
+        raise UnreadableWorkdirError(f"working directory {workdir} is not readable under this "
+                                     "policy")
     owner_mapped = owner_mapped_paths(granted, runtime_read_set()) if owner_mapping else []
     mounts = private_mounts()
     if not mounts["dev_shm"] and writable and os.path.isdir("/dev/shm"):
