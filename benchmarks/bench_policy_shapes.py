@@ -5,11 +5,12 @@ the same call in a sandbox granting one folder. Medians of interleaved rounds (A
 call after a 20 ms pause, as calls from a person or an agent come.
 
 Also: the same call in a sandbox whose writable folder is the kernel's working directory
-holding N modules (each a read-only mount for the run: the write protection), against the
-one-folder sandbox.
+holding N modules (each a read-only mount for the run: the write protection), F data files
+and S subfolders (the folder takes no new names: a Landlock rule for each subfolder, listed
+at each run), against the one-folder sandbox.
 
-Run: `python benchmarks/bench_policy_shapes.py [-n 30] [--modules 200]`. Every folder made
-is removed at the end.
+Run: `python benchmarks/bench_policy_shapes.py [-n 30] [--modules 200] [--files 5000]
+[--subfolders 100]`. Every folder made is removed at the end.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=30, help="interleaved rounds (default 30)")
     parser.add_argument("--modules", type=int, default=200,
                         help="modules in the working directory for the last row (default 200)")
+    parser.add_argument("--files", type=int, default=5000,
+                        help="data files beside them (default 5000)")
+    parser.add_argument("--subfolders", type=int, default=100,
+                        help="subfolders beside them (default 100)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     top = Path(tempfile.mkdtemp(prefix="bench-shapes-"))
@@ -77,6 +82,10 @@ def main() -> None:
         os.chmod(project, 0o777)
         for index in range(args.modules):
             (project / f"module_{index}.py").write_text("x = 1\n")
+        for index in range(args.files):
+            (project / f"rows_{index}.csv").write_text("a,b\n")
+        for index in range(args.subfolders):
+            (project / f"part_{index}").mkdir()
         with SandboxManager() as manager:
             small = manager.create_sandbox(_policy([], one))
             large = manager.create_sandbox(_policy(readable, writable))
@@ -96,8 +105,9 @@ def main() -> None:
         print(f"  one writable folder:                          {fmt_ns(medians['small'])}")
         print(f"  200 readable + 100 writable folders:          {fmt_ns(medians['large'])}"
               f"  ({medians['large'] / medians['small']:.2f}x)")
-        print(f"  writable working directory, {args.modules} modules:   "
-              f"{fmt_ns(medians['modules'])}  ({medians['modules'] / medians['small']:.2f}x)")
+        print(f"  writable working directory, {args.modules} modules, {args.files} files, "
+              f"{args.subfolders} subfolders: {fmt_ns(medians['modules'])}  "
+              f"({medians['modules'] / medians['small']:.2f}x)")
     finally:
         os.chdir(here)
         shutil.rmtree(top, ignore_errors=True)
