@@ -432,12 +432,13 @@ def expect_toolset(world: World, policy: Policy) -> Expected:
         hidden = any(is_within(probe, world.store) and world.store != r for r, _ in inside)
         out.readable[probe] = bool(inside) and not hidden
         out.writable[probe] = any(m == "rw" for _, m in inside) and not hidden
-    # step 10: nothing new where the kernel imports first, inside a writable root
+    # step 10: no new module where the kernel imports first, inside a writable root
     writable_roots = [r for r, m in roots if m == "rw"]
     closed = world.workdir if any(is_within(world.workdir or "", r) for r in writable_roots) else None
     for new in world.new_names("toolset"):
         folder = os.path.dirname(new)
-        out.created[new] = any(is_within(folder, r) for r in writable_roots) and folder != closed
+        out.created[new] = (any(is_within(folder, r) for r in writable_roots)
+                            and not (folder == closed and new.endswith(".py")))
     return out
 
 

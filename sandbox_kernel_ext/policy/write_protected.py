@@ -111,8 +111,9 @@ def kernel_workdirs() -> list[str]:
 class WriteGuard:
     """The same rules for the file toolset's writes, judged by name at each change (the
     toolset writes as the kernel, so no mount holds it): nothing inside a protected path
-    changes, and nothing new is named directly in a folder Python imports from first, as in
-    a run."""
+    changes, and nothing that could run is made directly in a folder Python imports from
+    first. The toolset sees each name, so it may make a report there where a run, which
+    Landlock can only let make everything or nothing, may not."""
 
     def __init__(self, writable: Iterable[str], policy_file: str | None,
                  named: Iterable[str] = ()) -> None:
@@ -131,11 +132,21 @@ class WriteGuard:
                     "sandbox run (a repository's .git, startup and tool settings files, a Python "
                     "environment, a module where the kernel imports first); a policy that names "
                     "it allows writing it")
-        if creates and folder in import_folders(self.writable, workdirs):
-            return ("this folder is where the kernel imports from first, and it takes no new "
-                    "name from a sandbox or a tool (a module or a settings file there would "
-                    "run outside any sandbox); write it in a subfolder")
+        if creates and _runs_there(name, is_folder) and folder in import_folders(self.writable,
+                                                                               workdirs):
+            return ("this folder is where the kernel imports from first, and a new module, "
+                    "package, notebook or tool settings file there would run outside any "
+                    "sandbox; write it in a subfolder")
         return None
+
+
+def _runs_there(name: str, is_folder: bool) -> bool:
+    """Whether a new entry of this name where Python imports from first could be run: a
+    module, a notebook, a settings file a tool started there reads, a folder of a module's
+    name (a package, or a part of a namespace package such as `google`)."""
+    return (name.endswith(_IMPORTABLE_SUFFIXES) or name in FOLDER_STARTUP_PATHS
+            or name in HOME_STARTUP_PATHS
+            or (is_folder and (name == "__pycache__" or name in module_names())))
 
 
 def resolved(path: str) -> str | None:
@@ -213,7 +224,7 @@ def _protected_in(folder: str, *, importable: bool) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def module_names() -> frozenset[str]:
     """Top-level names Python has modules for: the standard library's, the installed
-    distributions' and what is imported now. A folder of such a name where Python imports
+    distributions', what is imported now and what the kernel's `sys.path` holds. A folder of such a name where Python imports
     first would shadow the module once an `__init__.py` is put in it (`json/`, `logging/`:
     a kernel's start imports them), so it is kept whole."""
     names = set(getattr(sys, "stdlib_module_names", ()))
@@ -223,6 +234,13 @@ def module_names() -> frozenset[str]:
 
         names.update(packages_distributions())
     except Exception:  # noqa: BLE001 - a broken distribution's metadata: the rest still count
+        pass
+    try:
+        import pkgutil
+
+        # what the kernel's sys.path holds, installed or not (a project's own package)
+        names.update(module.name for module in pkgutil.iter_modules())
+    except Exception:  # noqa: BLE001 - an unreadable folder on the path: the rest still count
         pass
     return frozenset(name for name in names if name.isidentifier())
 

@@ -358,8 +358,9 @@ except OSError as exc:
 
 def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
     """The in-kernel file tools write as the kernel, with no mount to hold them: the same
-    paths are refused by name at each change, and nothing new is named where the kernel
-    imports first (found in review: a `.pdbrc` made there ran at the next `%debug`)."""
+    paths are refused by name at each change, and nothing that could run is made where the
+    kernel imports first (found in review: a `.pdbrc` made there ran at the next `%debug`);
+    a report may be."""
     from sandbox_kernel_ext import FileSystemToolset
     from sandbox_kernel_ext.policy.errors import PathNotWritableError
 
@@ -372,14 +373,15 @@ def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
         "hook": lambda: tools.write_file("/proj/.git/hooks/post-checkout", "planted"),
         "launcher": lambda: tools.write_file("/proj/ipykernel_launcher.py", "planted"),
         "inside a package": lambda: tools.write_file("/proj/pkg/evil.py", "planted"),
-        "package": lambda: tools.write_file("/proj/newpkg/__init__.py", "planted"),
+        "package": lambda: tools.write_file("/proj/pandas/__init__.py", "planted"),
         "renamed to a module": lambda: tools.move_file("/proj/notes.txt", "/proj/notes.py"),
         "copied to a .pth": lambda: tools.copy_file("/proj/notes.txt", "/proj/x.pth"),
         "deleted": lambda: tools.delete_file("/proj/.envrc"),
         "edited": lambda: tools.edit_file("/proj/.envrc", "original", "export X=1"),
         "home startup": lambda: tools.write_file("/proj/home/.bashrc", "planted"),
         "debugger settings": lambda: tools.write_file("/proj/.pdbrc", "import os"),
-        "a new text file there": lambda: tools.write_file("/proj/report.md", "# report"),
+        "test runner settings": lambda: tools.write_file("/proj/pytest.ini", "[pytest]"),
+        "a module's folder": lambda: tools.write_file("/proj/json/rows.txt", "x"),
     }
     outcome = {}
     for label, change in refused.items():
@@ -389,12 +391,13 @@ def test_the_file_tools_keep_the_same_paths(project: Path) -> None:
         except PathNotWritableError as exc:
             outcome[label] = "refused"
             assert "/tmp" not in str(exc) and str(project) not in str(exc)  # no host path
-    assert set(outcome.values()) == {"refused"}, outcome
+    assert set(outcome.values()) == {"refused"}, [k for k, v in outcome.items() if v != "refused"]
     tools.write_file("/proj/notes.txt", "changed\n")
-    tools.write_file("/proj/conf/report.md", "a report beside the notebook\n")
+    tools.write_file("/proj/report.md", "a report beside the notebook\n")
+    tools.write_file("/proj/figures/plot.txt", "a folder of no module's name\n")
     tools.write_file("/proj/conf/new.py", "fine\n")
-    assert (project / "conf" / "report.md").exists() and (project / "conf" / "new.py").exists()
-    assert not (project / "ipykernel_launcher.py").exists() and not (project / "newpkg").exists()
+    assert (project / "report.md").exists() and (project / "conf" / "new.py").exists()
+    assert not (project / "ipykernel_launcher.py").exists() and not (project / "pandas").exists()
     _check_untouched(project)
 
 
