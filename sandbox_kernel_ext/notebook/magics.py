@@ -39,6 +39,7 @@ from ..approval import (
 from ..policy.errors import (
     CapabilityParseError, ConfigurationError, SandboxError, ToolError, UnreadableWorkdirError)
 from ..policy.examples import EXAMPLES, example_policy
+from ..policy.write_protected import kernel_workdirs
 from ..policy.models import CapabilityDeclaration, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
 from ..policy.parser import CapabilityParser
@@ -357,7 +358,7 @@ class SandboxMagics(Magics):
             return ""
         if value in EXAMPLES:  # an example policy, by name (`%sandbox examples`)
             try:
-                example_policy(value, os.getcwd(), tempfile.gettempdir())
+                example_policy(value, kernel_workdirs()[0], tempfile.gettempdir())
             except (CapabilityParseError, ConfigurationError) as exc:
                 raise TraitError(f"SandboxMagics.policy: {exc}") from None
             return value
@@ -417,7 +418,7 @@ class SandboxMagics(Magics):
         else the default."""
         path = path or self.policy
         if path in EXAMPLES:
-            notebook = os.getcwd()
+            notebook = kernel_workdirs()[0]  # where the kernel started, whatever %cd did since
             return (example_policy(path, notebook, self.workspace),
                     f"example {path} (notebook folder {notebook}, workspace {self.workspace})")
         if path:
@@ -723,7 +724,7 @@ class SandboxMagics(Magics):
         except OSError:
             info = None  # the parser says what is wrong with it
         signature = ((path, info.st_mtime_ns, info.st_size, info.st_ino) if info is not None
-                     else (path, os.getcwd(), self.workspace) if path in EXAMPLES
+                     else (path, self.workspace) if path in EXAMPLES
                      else (path, self.workspace if not path else None))
         cached = (self._ceilings.get(signature)
                   if info is not None or not path or path in EXAMPLES else None)
@@ -779,7 +780,7 @@ class SandboxMagics(Magics):
         return Table("Example policies", ["example", "what it grants"],
                      [[name, what] for name, (what, _) in EXAMPLES.items()],
                      [f'choose one with %config SandboxMagics.policy = "NAME" (the notebook\'s '
-                      f"folder is the kernel's working directory, {os.getcwd()}); %sandbox "
+                      f"folder is where the kernel started, {kernel_workdirs()[0]}); %sandbox "
                       "policy then shows it in full, to copy into a policy file of your own"])
 
     def _show_status(self) -> Table:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from .errors import ConfigurationError
 from .models import CapabilityDeclaration
@@ -65,10 +66,12 @@ def example_text(name: str, notebook: str, workspace: str) -> str:
     if "DATA" in EXAMPLES[name][1] and not os.path.isdir(data):
         raise ConfigurationError(f"the example policy {name!r} needs a folder data/ beside the "
                                  f"notebook ({data}); create it, or choose another example")
-    text = EXAMPLES[name][1]
-    for word, path in (("WORKSPACE", workspace), ("NOTEBOOK", notebook), ("DATA", data)):
-        text = text.replace(word, json.dumps(path))  # a JSON string is a YAML string
-    return text
+    places = {"WORKSPACE": workspace, "NOTEBOOK": notebook, "DATA": data}
+    # one pass, so a path holding one of the words is not filled in again; a JSON string is
+    # a YAML string (non-ASCII written as itself: YAML reads a \\u surrogate pair as two)
+    return re.sub(r"\b(WORKSPACE|NOTEBOOK|DATA)\b",
+                  lambda match: json.dumps(places[match.group(1)], ensure_ascii=False),
+                  EXAMPLES[name][1])
 
 
 def example_policy(name: str, notebook: str, workspace: str) -> CapabilityDeclaration:

@@ -26,6 +26,7 @@ import site
 import sys
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from .credential_stores import home_folders
 from .paths import is_within, outermost, within_any
@@ -83,7 +84,7 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     def inside(path: str) -> bool:
         return within_any(path, roots) is not None
 
-    site_folders = _python_and_jupyter_folders(tuple(sys.path))[0]
+    site_folders = _python_and_jupyter_folders(tuple(sys.path), _cwd())[0]
     by_name = import_folders(writable, workdirs)
     found: list[str] = []
     for folder in dict.fromkeys([*writable, *by_name]):
@@ -93,19 +94,29 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
         if inside(home):
             others += [os.path.join(home, name) for name in HOME_STARTUP_PATHS]
     others += site_folders
+    prefixes = tuple("/" if root == "/" else root + "/" for root in roots)
+    others += [path for path in _imported_paths() if path.startswith(prefixes)]
     found += [path for path in others if inside(path) and _reached_without_links(path)]
     named = set(named)
     return outermost([path for path in dict.fromkeys(found)
                        if path not in named and path not in roots])
 
 
-def kernel_workdirs() -> list[str]:
-    """Where a kernel or Python started by the person would import from first: this
-    process's working directory (a restarted kernel starts there again)."""
+def _cwd() -> str | None:
     try:
-        return [os.path.realpath(os.getcwd())]
+        return os.path.realpath(os.getcwd())
     except OSError:
-        return []
+        return None
+
+
+_STARTED_IN = _cwd()  # this package is loaded as the kernel starts, before any %cd
+
+
+def kernel_workdirs() -> list[str]:
+    """Where a kernel or Python started by the person would import from first: the folder
+    this process started in (a restarted kernel starts there again, whatever `%cd` did
+    since) and its working directory now."""
+    return [folder for folder in dict.fromkeys([_STARTED_IN, _cwd()]) if folder]
 
 
 class WriteGuard:
@@ -115,25 +126,40 @@ class WriteGuard:
     first. The toolset sees each name, so it may make a report there where a run, which
     Landlock can only let make everything or nothing, may not."""
 
+    # How long one look at what is protected serves the writes after it: an agent's burst
+    # of writes pays for one (a look lists folders and the kernel's modules).
+    FRESH_FOR = 0.5
+
     def __init__(self, writable: Iterable[str], policy_file: str | None,
                  named: Iterable[str] = ()) -> None:
         self.writable = list(dict.fromkeys(writable))
         self.policy_file = policy_file
         self.named = list(named)
+        self._seen: tuple[float, list[str], list[str]] | None = None
+
+    def _paths(self) -> tuple[list[str], list[str]]:
+        """(the protected paths, the folders where Python imports from first), as they
+        were at most FRESH_FOR seconds ago."""
+        seen = self._seen
+        if seen is not None and time.monotonic() - seen[0] < self.FRESH_FOR:
+            return seen[1], seen[2]
+        workdirs = kernel_workdirs()
+        protected = write_protected_paths(self.writable, workdirs, self.policy_file, self.named)
+        closed = import_folders(self.writable, workdirs)
+        self._seen = (time.monotonic(), protected, closed)
+        return protected, closed
 
     def refusal(self, folder: str, name: str, *, creates: bool, is_folder: bool = False) -> str | None:
         """Why `name` in the real `folder` may not be changed (`creates`: made anew, a
         folder with `is_folder`), or None. The reason names no host path."""
         path = os.path.join(folder, name)
-        workdirs = kernel_workdirs()
-        protected = write_protected_paths(self.writable, workdirs, self.policy_file, self.named)
+        protected, closed = self._paths()
         if any(is_within(path, outer) for outer in protected):
             return ("it is write-protected: the policy file, or something programs outside any "
                     "sandbox run (a repository's .git, startup and tool settings files, a Python "
                     "environment, a module where the kernel imports first); a policy that names "
                     "it allows writing it")
-        if creates and _runs_there(name, is_folder) and folder in import_folders(self.writable,
-                                                                               workdirs):
+        if creates and _runs_there(name, is_folder) and folder in closed:
             return ("this folder is where the kernel imports from first, and a new module, "
                     "package, notebook or tool settings file there would run outside any "
                     "sandbox; write it in a subfolder")
@@ -165,9 +191,13 @@ def import_folders(writable: Iterable[str], workdirs: Iterable[str]) -> list[str
     restarts a kernel by the folder's name, Python imports by `sys.path`'s). A run may not
     add, remove or move a name in them."""
     roots = {path for path in writable if os.path.isdir(path)}
-    by_name = _python_and_jupyter_folders(tuple(sys.path))[1]
+    by_name = _python_and_jupyter_folders(tuple(sys.path), _cwd())[1]
+    # a home's user site and scripts, not made yet: where they would be made takes no name
+    missing = [path for home in _homes() if within_any(home, roots) is not None
+               for path in (os.path.join(home, ".local", "lib"), os.path.join(home, ".local", "bin"))
+               if not os.path.lexists(path)]
     found = []
-    for folder in dict.fromkeys([*workdirs, *by_name, *_link_folders(roots)]):
+    for folder in dict.fromkeys([*workdirs, *by_name, *_link_folders(roots), *missing]):
         while not os.path.isdir(folder) and folder != os.path.dirname(folder):
             folder = os.path.dirname(folder)  # where a sandbox would make it
         if within_any(folder, roots) is not None:
@@ -314,7 +344,8 @@ def _python_libs(lib: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _python_and_jupyter_folders(path: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+def _python_and_jupyter_folders(path: tuple[str, ...] = (), cwd: str | None = None
+                                ) -> tuple[list[str], list[str]]:
     """(folders read whole at start: site-packages with their `.pth` files, Jupyter's config
     and data folders with their kernel specs; folders Python imports from by name: the rest
     of this kernel's `sys.path`)."""
@@ -327,9 +358,12 @@ def _python_and_jupyter_folders(path: tuple[str, ...] = ()) -> tuple[list[str], 
         pass
     by_name = []
     for entry in sys.path:
-        if entry and os.path.isabs(entry):
-            (whole if os.path.basename(entry) in ("site-packages", "dist-packages")
-             else by_name).append(entry)
+        entry = os.path.join(cwd, entry) if cwd and entry else entry  # `..`, `../src`
+        if not entry or not os.path.isabs(entry):
+            continue
+        # a zip, egg or wheel on the path is code as a whole
+        (whole if os.path.basename(entry) in ("site-packages", "dist-packages")
+         or os.path.isfile(entry) else by_name).append(entry)
     for name in ("IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "PYTHONSTARTUP"):
         if os.environ.get(name):
             whole.append(os.environ[name])
@@ -340,6 +374,33 @@ def _python_and_jupyter_folders(path: tuple[str, ...] = ()) -> tuple[list[str], 
     except Exception:  # jupyter_core is optional for the runner
         pass
     return _real_folders(whole), _real_folders(by_name)
+
+
+_IMPORTED: dict[str, Any] = {"modules": None, "paths": []}
+
+
+def _imported_paths() -> list[str]:
+    """What this kernel has imported from files (a package's folder whole), and the folders
+    an editable install maps its packages to (setuptools' `__editable__..._finder`, which
+    puts nothing on `sys.path`): real paths, found again only when the modules changed (a
+    kernel has thousands; the file toolset asks at every write)."""
+    modules = tuple(map(id, list(sys.modules.values())))
+    if _IMPORTED["modules"] == modules:
+        return _IMPORTED["paths"]
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("__editable__") and isinstance(getattr(module, "MAPPING", None), dict):
+            found += [str(path) for path in module.MAPPING.values()]
+        package = getattr(module, "__path__", None)
+        if isinstance(package, list):
+            found += [str(path) for path in package]
+        elif isinstance(getattr(module, "__file__", None), str):
+            found.append(module.__file__)
+    folders = {folder: resolved(folder) for folder in {os.path.dirname(path) for path in found}}
+    paths = list(dict.fromkeys(os.path.join(folders[os.path.dirname(path)] or "", os.path.basename(path))
+                               for path in found if folders.get(os.path.dirname(path))))
+    _IMPORTED.update(modules=modules, paths=paths)
+    return paths
 
 
 def _real_folders(paths: list[str]) -> list[str]:

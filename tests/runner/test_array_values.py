@@ -25,6 +25,7 @@ from hypothesis.extra import numpy as hnp
 from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager
 from sandbox_kernel_ext.runner.child.array_values import encode_array_value
 from sandbox_kernel_ext.runner.trusted.array_values import decode_array_value
+from sandbox_kernel_ext.runner.trusted.crossing_text import valid_unicode
 from sandbox_kernel_ext.runner.wire import ARRAY_TAG, FRAME_TAG, decode_value, encode_value
 
 MAKE = """
@@ -111,6 +112,9 @@ _dtypes = (hnp.integer_dtypes() | hnp.unsigned_integer_dtypes() | hnp.floating_d
 def test_arrays_round_trip(array: np.ndarray) -> None:
     back = _round_trip(array)
     assert back.dtype == array.dtype and back.shape == array.shape
+    if array.dtype.kind == "U":  # lone surrogates become U+FFFD (the kernel's messages)
+        array = np.array([valid_unicode(item) for item in array.ravel().tolist()],
+                         dtype=array.dtype).reshape(array.shape)
     np.testing.assert_array_equal(back, array)
 
 
@@ -162,6 +166,44 @@ def test_a_forged_value_is_malformed_and_runs_nothing(tagged: dict[str, Any]) ->
     with pytest.raises(ValueError):
         decode_value(json.loads(json.dumps(tagged)), decode_array_value)
     assert not os.path.exists("/tmp/sbx-array-pwned")
+
+
+def _header_only(descr: str, shape: tuple[int, ...]) -> str:
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (63 - (len(header) + 10) % 64) + "\n"
+    return base64.b64encode(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
+                            + header.encode()).decode()
+
+
+@pytest.mark.parametrize("tagged", [
+    {ARRAY_TAG: _header_only("<U0", (300_000_000,))},  # no bytes, yet 300 M items to clean
+    {ARRAY_TAG: _header_only("|S0", (10 ** 9,))},
+    {ARRAY_TAG: _npy(np.array([("\udc80",)], dtype=[("a", "<U3")]))},  # a lone surrogate in a field
+])
+def test_found_in_review_arrays_that_cost_the_kernel_are_malformed(tagged: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        decode_value(json.loads(json.dumps(tagged)), decode_array_value)
+
+
+def test_found_in_review_a_dtype_name_cannot_ask_for_gigabytes() -> None:
+    """`"dtype": "S400000000"` on a column of 20 short strings made the kernel hold 15 GB."""
+    column = {"list": ["x"] * 20, "dtype": "S400000000", "name": None}
+    back = decode_array_value("__sandbox_index__", column)
+    assert list(back) == ["x"] * 20
+
+
+def test_found_in_review_tens_of_thousands_of_columns_end_in_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """85,000 empty category columns in a value under the size cap took 35 s of the
+    kernel's time to read; the read stops at its time budget and the value is malformed."""
+    monkeypatch.setattr("sandbox_kernel_ext.runner.trusted.array_values.READ_SECONDS", 0.2)
+    column = {"codes": _npy(np.zeros(0, dtype=np.int8)), "ordered": False, "dtype": "category",
+              "categories": {"list": [], "dtype": "object", "name": None}, "name": None}
+    frame = {FRAME_TAG: {"columns": [str(i) for i in range(20_000)],
+                         "index": {"range": [0, 0, 1], "dtype": "int64", "name": None},
+                         "data": [column] * 20_000}}
+    with pytest.raises(ValueError, match="to read"):
+        decode_value(frame, decode_array_value)
 
 
 def test_a_dtype_name_is_only_a_name() -> None:

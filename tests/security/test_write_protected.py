@@ -498,3 +498,49 @@ def test_a_new_file_beside_the_notebook_is_refused_saying_why(project: Path) -> 
     assert result.exit_code == 1 and not (project / "results.csv").exists()
     assert "takes no new file from a sandbox" in result.stderr
     assert "write new files in a subfolder" in result.stderr, result.stderr
+
+
+def test_what_the_kernel_imports_from_elsewhere_stays(project: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review, each run by a later kernel or import as root: a relative `sys.path`
+    entry (`sys.path.insert(0, "../src")`), a zip on `sys.path` rewritten in place, a
+    package the kernel imported from a folder not on `sys.path` (an editable install's
+    finder), a home's `.local/lib` made anew with a `.pth` in it, and the folder the kernel
+    started in after `%cd` moved it elsewhere."""
+    import importlib.util
+    import zipfile
+
+    nb = project / "nb"
+    for folder in (nb, project / "src", project / "lib" / "mypkg", project / "vendor"):
+        folder.mkdir(parents=True)
+    (project / "lib" / "mypkg" / "__init__.py").write_text(ORIGINAL)
+    with zipfile.ZipFile(project / "vendor" / "deps.zip", "w") as archive:
+        archive.writestr("depmod.py", ORIGINAL)
+    subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+    monkeypatch.chdir(nb)
+    monkeypatch.syspath_prepend("../src")
+    monkeypatch.syspath_prepend(str(project / "vendor" / "deps.zip"))
+    spec = importlib.util.spec_from_file_location("mypkg", project / "lib" / "mypkg" / "__init__.py",
+                                                  submodule_search_locations=[str(project / "lib" / "mypkg")])
+    monkeypatch.setitem(sys.modules, "mypkg", importlib.util.module_from_spec(spec))
+    monkeypatch.setattr("sandbox_kernel_ext.policy.write_protected._STARTED_IN", str(project))
+    monkeypatch.setattr("sandbox_kernel_ext.policy.write_protected._homes",
+                        lambda: [str(project / "home")])  # it has no .local yet
+    out = _attack(project, f"""
+root = {str(project)!r}
+ACTIONS = [
+    ('relative entry', lambda: open(root + '/src/evilmod.py', 'w').write('planted')),
+    ('zip', lambda: open(root + '/vendor/deps.zip', 'r+b').write(b'planted')),
+    ('imported package', lambda: open(root + '/lib/mypkg/__init__.py', 'a').write('planted')),
+    ('user site', lambda: os.makedirs(root + '/home/.local/lib/python3.11/site-packages')),
+    ('start folder', lambda: open(root + '/ipykernel_launcher.py', 'w').write('planted')),
+    ('control', lambda: open(root + '/nb/sub.txt', 'w') if False else None),
+]
+""")
+    assert out.count("'done'") == 1, out  # the control only
+    assert not (project / "src" / "evilmod.py").exists()
+    assert not (project / "home" / ".local").exists()
+    assert not (project / "ipykernel_launcher.py").exists()
+    assert (project / "lib" / "mypkg" / "__init__.py").read_text() == ORIGINAL
+    with zipfile.ZipFile(project / "vendor" / "deps.zip") as archive:
+        assert archive.read("depmod.py").decode() == ORIGINAL

@@ -81,6 +81,9 @@ def _column(values: Any, name: str) -> dict[str, Any]:
 
 def _npy(array: Any, name: str) -> str:
     numpy = sys.modules["numpy"]
+    if array.dtype.fields is not None or array.dtype.kind == "V":
+        raise TypeError(f"output variable {name!r} is a structured array; send its fields "
+                        "one by one (x['a'])")
     buffer = io.BytesIO()
     try:
         numpy.save(buffer, array, allow_pickle=False)

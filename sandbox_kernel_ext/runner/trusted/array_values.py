@@ -12,19 +12,31 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from typing import Any
 
-from ..wire import ARRAY_TAG, FRAME_TAG, INDEX_TAG, SERIES_TAG
+from ..wire import ARRAY_TAG, FRAME_TAG, INDEX_TAG, MAX_VARIABLES_BYTES, SERIES_TAG
 from .crossing_text import valid_unicode, variable_value
 
 __all__ = ["decode_array_value"]
 
 _PLAIN = (str, int, float, bool, type(None))
+_deadline = 0.0  # of the value being read (the control channel reads one frame at a time)
+
+
+# What one output variable may cost the kernel to read: elements (a value of the frame's
+# size has far fewer, unless its items take no bytes) and time (tens of thousands of tiny
+# columns take seconds each thousand). Past either, the value is malformed.
+MAX_ELEMENTS = MAX_VARIABLES_BYTES * 8
+READ_SECONDS = 10.0
+_MAX_ITEMSIZE = 1 << 16  # a dtype name asking for wider items than any value carries
 
 
 def decode_array_value(tag: str, content: Any) -> Any:
     """The value a tag and its content stand for (ValueError if they are not well formed,
     whatever numpy or pandas raised on the way)."""
+    global _deadline
+    _deadline = time.monotonic() + READ_SECONDS
     try:
         return _decode(tag, content)
     except (ValueError, RecursionError, MemoryError):
@@ -84,6 +96,10 @@ def _array(content: Any) -> Any:
         raise ValueError(f"not an .npy array: {type(exc).__name__}") from None
     if not isinstance(array, numpy.ndarray):
         raise ValueError("not an .npy array")
+    if array.size > MAX_ELEMENTS or (array.dtype.itemsize == 0 and array.size):
+        raise ValueError("an array of more items than its bytes could carry")
+    if array.dtype.fields is not None or array.dtype.kind == "V":
+        raise ValueError("a structured array (the child sends none)")
     if array.dtype.kind == "U":  # lone surrogates would break the kernel's messages
         cleaned = [valid_unicode(item) for item in array.ravel().tolist()]
         array = numpy.array(cleaned, dtype=array.dtype).reshape(array.shape)
@@ -105,6 +121,8 @@ def _index(column: Any) -> Any:
 def _values(column: Any) -> Any:
     """A column's values with its dtype as the sandbox named it (when pandas knows it), as
     a Series on a plain range (callers take its `.array`: no alignment on an index)."""
+    if time.monotonic() > _deadline:
+        raise ValueError(f"it took more than {READ_SECONDS:g} s to read")
     if not isinstance(column, dict) or not {"dtype", "name"} <= set(column) \
             or not isinstance(column["dtype"], str):
         raise ValueError("a column needs its values, its dtype and its name")
@@ -135,7 +153,7 @@ def _as_dtype(values: Any, name: str) -> Any:
         dtype = pandas.api.types.pandas_dtype(name)
     except (TypeError, ValueError):
         return values  # a dtype this pandas does not know: the values as read
-    if dtype == values.dtype:
+    if dtype == values.dtype or getattr(dtype, "itemsize", 0) > _MAX_ITEMSIZE:
         return values
     try:
         if isinstance(dtype, pandas.DatetimeTZDtype):  # sent as UTC
