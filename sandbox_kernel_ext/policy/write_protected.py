@@ -12,10 +12,12 @@ in to writing it.
 
 Neither Landlock nor mounts can refuse one new name and allow the rest, so the folders Python
 imports from by name first (the kernel's working directory and its `sys.path` folders, where a
-writable folder holds them) are closed instead (`import_folders`): what is in them stays
-writable as granted, but no new name can be made at their top level, where a planted
-`ipykernel_launcher.py` or `pandas.py` would be imported. Elsewhere a file of a protected name
-that does not exist yet can still be created; the policy reference says so.
+writable folder holds them, and the folders on the way to them) are closed instead
+(`import_folders`; Landlock's in-place rights, `child/bootstrap.py` `rules_for`): their files
+can be written and their subfolders stay writable, but no name can be made, removed or moved
+in them, where a planted `ipykernel_launcher.py` or `pandas.py` would be imported. Elsewhere a
+file of a protected name that does not exist yet can still be created; the policy reference
+says so.
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ def _link_folders(roots: set[str]) -> list[str]:
     working directory as `PWD` spells it and to each `sys.path` entry as written."""
     spelled = [entry for entry in sys.path if entry and os.path.isabs(entry)]
     pwd = os.environ.get("PWD", "")
-    if os.path.isabs(pwd) and kernel_workdirs() == [resolved(pwd)]:
+    if os.path.isabs(pwd) and resolved(pwd) in kernel_workdirs():
         spelled.append(pwd)
     found = []
     for path in spelled:
@@ -254,9 +256,9 @@ def _protected_in(folder: str, *, importable: bool) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def module_names() -> frozenset[str]:
     """Top-level names Python has modules for: the standard library's, the installed
-    distributions', what is imported now and what the kernel's `sys.path` holds. A folder of such a name where Python imports
-    first would shadow the module once an `__init__.py` is put in it (`json/`, `logging/`:
-    a kernel's start imports them), so it is kept whole."""
+    distributions', what is imported now and what the kernel's `sys.path` holds. A folder
+    of such a name where Python imports first would shadow the module once an `__init__.py`
+    is put in it (`json/`, `logging/`: a kernel's start imports them), so it is kept whole."""
     names = set(getattr(sys, "stdlib_module_names", ()))
     names.update(name for name in sys.modules if "." not in name)
     try:
