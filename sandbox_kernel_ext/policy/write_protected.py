@@ -90,7 +90,9 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     by_name = import_folders(writable, workdirs)
     found: list[str] = []
     for folder in dict.fromkeys([*writable, *by_name]):
-        found += _protected_in(folder, importable=folder in by_name)
+        # a link's target may lie anywhere: only one inside a writable folder needs keeping
+        found += [path for path in _protected_in(folder, importable=folder in by_name)
+                  if inside(path)]
     others = [resolved(policy_file) or policy_file] if policy_file else []
     for home in _homes():
         if inside(home):
@@ -239,9 +241,14 @@ def _protected_in(folder: str, *, importable: bool) -> list[str]:
     if "lib" in names:
         found += _python_libs(os.path.join(folder, "lib"))
     for name, is_dir, is_link in listing:
-        if is_link:
-            continue  # a link protects nothing: what it points at is not the path
         path = os.path.join(folder, name)
+        if is_link:
+            # a link protects nothing (what it points at is not the path), but one Python
+            # imports through (`helper.py -> src/helper.py`) makes its target a module
+            target = resolved(path) if importable and _importable_name(name) else None
+            if target:
+                found.append(target)
+            continue
         if name in FOLDER_STARTUP_PATHS or name.endswith(".ipynb"):
             found.append(path)
         elif name in _ENVIRONMENT_NAMES and is_dir:
@@ -251,6 +258,11 @@ def _protected_in(folder: str, *, importable: bool) -> list[str]:
                 or os.path.lexists(os.path.join(path, "__init__.py"))))):
             found.append(path)
     return found
+
+
+def _importable_name(name: str) -> bool:
+    """A name `import` finds: a module file, or a folder (a package) of a valid name."""
+    return name.endswith(_IMPORTABLE_SUFFIXES) or name.isidentifier()
 
 
 @functools.lru_cache(maxsize=1)

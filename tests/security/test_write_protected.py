@@ -544,3 +544,26 @@ ACTIONS = [
     assert (project / "lib" / "mypkg" / "__init__.py").read_text() == ORIGINAL
     with zipfile.ZipFile(project / "vendor" / "deps.zip") as archive:
         assert archive.read("depmod.py").decode() == ORIGINAL
+
+
+def test_a_module_python_reaches_through_a_link_stays(project: Path) -> None:
+    """Found in review: `link.py -> src/real.py` and `lnpkg -> src/lnpkg` beside the
+    notebook; the cell rewrote the targets in the writable subfolder, and the kernel ran
+    them at `import link`."""
+    (project / "src" / "lnpkg").mkdir(parents=True)
+    (project / "src" / "real.py").write_text(ORIGINAL)
+    (project / "src" / "lnpkg" / "__init__.py").write_text(ORIGINAL)
+    os.symlink("src/real.py", project / "link.py")
+    os.symlink("src/lnpkg", project / "lnpkg")
+    subprocess.run(["chmod", "-R", "a+rwX", str(project)], check=True)
+    out = _attack(project, f"""
+root = {str(project)!r}
+ACTIONS = [
+    ('module', lambda: open(root + '/src/real.py', 'a').write('planted')),
+    ('package', lambda: open(root + '/src/lnpkg/__init__.py', 'a').write('planted')),
+    ('beside', lambda: open(root + '/src/other.py', 'w').write('fine')),
+]
+""")
+    assert "('beside', 'done')" in out, out
+    assert (project / "src" / "real.py").read_text() == ORIGINAL
+    assert (project / "src" / "lnpkg" / "__init__.py").read_text() == ORIGINAL
