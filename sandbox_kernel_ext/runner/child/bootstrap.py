@@ -660,7 +660,6 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     trees = _owner_mapped_trees(plan, fds)
     if new_mount_namespace:
         unshare(CLONE_NEWNS)
-    rules = rules_for(plan)
     devices: set[int] = set()
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -689,6 +688,9 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     if plan.private_shm:
         _mount_or_refuse("a private /dev/shm", "tmpfs", "/dev/shm", "tmpfs",
                          f"size={SHM_SIZE_MB}m,mode=1777")
+    # Listed in the view just made (root's folders shown as the child's own), before any uid
+    # change: a closed folder's subfolders are each a rule (`_write_rules`).
+    rules = rules_for(plan)
     if drop_root and plan.uid is not None:
         drop_bounding_set()  # needs the capability the uid change takes away
         drop_identity(plan.uid, plan.gid if plan.gid is not None else plan.uid)
