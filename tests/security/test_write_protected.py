@@ -564,6 +564,7 @@ ACTIONS = [
     ('beside', lambda: open(root + '/src/other.py', 'w').write('fine')),
 ]
 """)
-    assert "('beside', 'done')" in out, out
+    # without mounts the folder holding a protected file takes no new names (the reference)
+    assert ("('beside', 'done')" in out) is hidden_by_mounts(), out
     assert (project / "src" / "real.py").read_text() == ORIGINAL
     assert (project / "src" / "lnpkg" / "__init__.py").read_text() == ORIGINAL
