@@ -198,6 +198,42 @@ def test_interpreter_exit_cleans_up(tmp_path: Path) -> None:
     assert not _alive(int(launcher)) and not Path(workspace).exists()
 
 
+def test_a_graceful_shutdown_after_a_refused_write_leaves_nothing(tmp_path: Path) -> None:
+    """Found by a first-hour user: after a write refused by the headless decision, a
+    graceful kernel shutdown left the session's workspace folder behind."""
+    from jupyter_client.manager import KernelManager
+
+    (tmp_path / "data").mkdir()
+    os.chmod(tmp_path, 0o777)
+    os.chmod(tmp_path / "data", 0o777)
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path), env=dict(os.environ,
+                                                     IPYTHONDIR=str(tmp_path / "ipython")))
+    client = manager.client()
+    client.start_channels()
+    seen: list = []
+    try:
+        client.wait_for_ready(timeout=LIVENESS)
+        for code in ("%load_ext sandbox_kernel_ext\n"
+                     "%config SandboxMagics.policy = 'data-with-approvals'",
+                     f"%%sandbox --quiet --no-raise-error\nopen({str(tmp_path / 'data' / 'x')!r}, 'w')"
+                     ".write('x')",
+                     "%%sandbox --quiet --no-raise-error\nprint('a later cell')",
+                     "import json\nm = get_ipython().magics_manager.registry['SandboxMagics']\n"
+                     "print(json.dumps([m.workspace, m.manager.launcher_pid]))"):
+            reply = client.execute_interactive(code, allow_stdin=False, timeout=LIVENESS,
+                                               output_hook=lambda msg: seen.append(msg))
+            assert reply["content"]["status"] == "ok"
+    finally:
+        manager.shutdown_kernel(now=False)
+        client.stop_channels()
+    printed = [msg["content"]["text"] for msg in seen if msg["msg_type"] == "stream"
+               and msg["content"]["text"].startswith("[")]
+    workspace, launcher = json.loads(printed[-1])
+    assert not (tmp_path / "data" / "x").exists()
+    assert not Path(workspace).exists() and not _alive(launcher)
+
+
 # -- running a cell ---------------------------------------------------------------------------
 
 def test_output_streams_while_the_cell_runs(k: KernelSession, shared_dir: Path) -> None:
