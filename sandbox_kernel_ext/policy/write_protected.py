@@ -66,6 +66,7 @@ FOLDER_STARTUP_PATHS = (
 # Where tools put a project's virtual environment.
 _ENVIRONMENT_NAMES = (".venv", "venv", "env", ".env", "virtualenv", ".virtualenv", ".conda",
                       ".pixi", ".tox", ".nox")
+_FOLDER_STARTUP, _ENVIRONMENTS = frozenset(FOLDER_STARTUP_PATHS), frozenset(_ENVIRONMENT_NAMES)
 # In the kernel's working directory: what `import NAME` finds there before anything else.
 _IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd", ".ipynb")
 
@@ -230,11 +231,27 @@ def _link_folders(roots: set[str]) -> list[str]:
     return found
 
 
+_PROTECTED: dict[tuple[str, bool], tuple[object, list[str]]] = {}
+
+
 def _protected_in(folder: str, *, importable: bool) -> list[str]:
     """The protected entries directly in `folder`: startup names, Python environments,
-    notebooks, and with `importable` every module, package and `.pth` file."""
-    found = []
+    notebooks, and with `importable` every module, package and `.pth` file. Kept with the
+    folder's listing (a folder of thousands of data files is looked through once)."""
     listing = _listing(folder)
+    cached = _PROTECTED.get((folder, importable))
+    if cached is not None and cached[0] is listing:
+        return cached[1]
+    found = _protected_among(folder, listing, importable)
+    if len(_PROTECTED) >= _LISTINGS_MAX:
+        _PROTECTED.clear()
+    _PROTECTED[(folder, importable)] = (listing, found)
+    return found
+
+
+def _protected_among(folder: str, listing: list[tuple[str, bool, bool]], importable: bool
+                     ) -> list[str]:
+    found = []
     names = {name for name, _, _ in listing}
     if names & {"pyvenv.cfg", "conda-meta"}:
         return [folder]  # an environment: whole
@@ -249,9 +266,9 @@ def _protected_in(folder: str, *, importable: bool) -> list[str]:
             if target:
                 found.append(target)
             continue
-        if name in FOLDER_STARTUP_PATHS or name.endswith(".ipynb"):
+        if name in _FOLDER_STARTUP or name.endswith(".ipynb"):
             found.append(path)
-        elif name in _ENVIRONMENT_NAMES and is_dir:
+        elif name in _ENVIRONMENTS and is_dir:
             found += _environment(path)
         elif importable and (name.endswith(_IMPORTABLE_SUFFIXES) or (is_dir and (
                 name == "__pycache__" or name in module_names()
