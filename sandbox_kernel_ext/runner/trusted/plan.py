@@ -582,6 +582,11 @@ def build_plan(
     are shown to the child as its own."""
     denied, own = denied_for(capability, denied)  # the credential list and the policy's own
     readable, writable = filesystem_grants(capability)
+    if cwd and not any(is_within(os.path.realpath(cwd), path) for path in (
+            *runtime_read_set(), *readable, *writable, home, *host_reads.python_write_set())):
+        # before the rest of the plan: the notebook layer asks first for the notebook's folder
+        raise UnreadableWorkdirError(f"working directory {os.path.realpath(cwd)} is not "
+                                     "readable under this policy")
     if pinned is not None and (readable, writable) != pinned:
         moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
         raise SandboxError(
