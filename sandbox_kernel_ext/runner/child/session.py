@@ -18,6 +18,7 @@ import base64
 import fcntl
 import io
 import linecache
+import os
 import pickle
 import re
 import signal
@@ -26,7 +27,6 @@ import sys
 import termios
 import threading
 import time
-import timeit
 import traceback
 from typing import Any
 
@@ -39,7 +39,8 @@ __all__ = ["run_session", "cell_filename"]
 _CELL_NAME = re.compile(r"<sandbox-cell-(\d+)>\Z")
 # Frames never shown besides ours (`cell.OWN_FILES`): what timing a statement runs it through
 # (`%timeit`'s generated function), and the parser.
-_MACHINERY = frozenset({timeit.__file__, "<timeit-src>", ast.__file__})
+_MACHINERY = frozenset({os.path.join(os.path.dirname(ast.__file__), "timeit.py"),  # unloaded
+                        "<timeit-src>", ast.__file__})
 _CONTEXT = 2  # source lines shown before and after a traceback's line
 _MAX_FRAMES = 40
 
