@@ -113,9 +113,14 @@ def run_cell(plan: ChildPlan) -> int:
 
 
 def _flushed(exit_code: int) -> int:
+    flush_streams()
+    return exit_code
+
+
+def flush_streams() -> None:
+    """Write out what the cell printed (a stream the cell broke is left as it is)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    return exit_code

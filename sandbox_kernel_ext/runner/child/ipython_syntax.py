@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import display
+from .cell import flush_streams
 
 __all__ = ["ChildShell", "UsageError"]
 
@@ -137,13 +138,13 @@ class ChildShell:
 
     def system(self, command: str) -> None:
         """`!cmd`: run by /bin/sh in the sandbox, its output streamed as the cell's."""
-        _flush()
+        flush_streams()
         done = subprocess.run(self.expand(command), shell=True, check=False)
         self.user_ns["_exit_code"] = done.returncode
 
     def getoutput(self, command: str, split: bool = True, depth: int = 0) -> Any:
         """`x = !cmd`: the command's output (its errors too, as IPython gives them)."""
-        _flush()
+        flush_streams()
         done = subprocess.run(self.expand(command), shell=True, check=False,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.user_ns["_exit_code"] = done.returncode
@@ -262,7 +263,7 @@ class ChildShell:
             if target not in sys.path:
                 sys.path.insert(1, target)
             print(f"[sandbox] installing into {target}, for this sandbox only", flush=True)
-        _flush()
+        flush_streams()
         done = subprocess.run([sys.executable, "-m", "pip", *words], check=False)
         self.user_ns["_exit_code"] = done.returncode
         if words[:1] == ["install"] and done.returncode == 0:
@@ -349,7 +350,7 @@ class ChildShell:
             command = [program, *words] if program else words
             if not command:
                 raise UsageError("%%script needs a program, as in %%script python3")
-            _flush()
+            flush_streams()
             done = subprocess.run(command, input=cell.encode(), check=False)
             self.user_ns["_exit_code"] = done.returncode
         return run
@@ -390,11 +391,3 @@ def _source(obj: Any) -> str | None:
         return inspect.getsource(obj).rstrip("\n")
     except (OSError, TypeError):
         return None
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..wire import CONTROL_FD, ChildPlan
 from . import display, inside
-from .cell import OWN_FILES, begin, output_values
+from .cell import OWN_FILES, begin, flush_streams, output_values
 
 __all__ = ["run_session", "cell_filename"]
 
@@ -100,7 +100,7 @@ class _Flusher:
             time.sleep(FLUSH_INTERVAL)
             if self._dirty:
                 self._dirty = False
-                _flush()
+                flush_streams()
                 idle = 0
             else:
                 idle += 1
@@ -118,14 +118,6 @@ def _open_streams() -> None:
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                  encoding="utf-8")
     sys.stdout, sys.stderr = stream(1), stream(2)
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 ORDER_WAIT = 0.5  # the most a display waits for the trusted side to read what it must
@@ -170,7 +162,7 @@ def run_session(plan: ChildPlan) -> int:
     _, namespace = begin(plan, _open_streams)
     namespace["get_ipython"] = _shell_for(namespace)
     namespace["Out"] = {}
-    display.install(_send_in_order, _flush)
+    display.install(_send_in_order, flush_streams)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the stop button
     sys.argv = [""]
     while True:
@@ -232,7 +224,7 @@ def _run(command: dict[str, Any], namespace: dict[str, Any]) -> None:
     # side would wait for it, and end the session); it then finds no cell to stop.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        _flush()
+        flush_streams()
         inside.send_frame({"type": "done", "cell": number, "status": "error" if error else "ok",
                            "values": values, "error": error})
     finally:
@@ -259,7 +251,7 @@ def _execute(code: str, filename: str, namespace: dict[str, Any], number: int = 
     namespace[f"_{number}"] = value
     data, metadata = display.mime_bundle(value)
     data = display.markdown_as_html(data)  # in the cell's time, not the kernel's
-    _flush()
+    flush_streams()
     inside.send_frame({"type": "result", "data": display.json_safe(data),
                        "metadata": display.json_safe(metadata)})
 
