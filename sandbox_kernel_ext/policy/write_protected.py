@@ -33,7 +33,7 @@ from typing import Any
 from .credential_stores import home_folders
 from .paths import is_within, outermost, within_any
 
-__all__ = ["write_protected_paths", "import_folders", "kernel_workdirs", "WriteGuard",
+__all__ = ["write_protection", "import_folders", "kernel_workdirs", "WriteGuard",
            "HOME_STARTUP_PATHS", "FOLDER_STARTUP_PATHS"]
 
 # Beneath a home folder: what a login, a shell, an editor or git runs or reads commands from.
@@ -71,17 +71,19 @@ _FOLDER_STARTUP, _ENVIRONMENTS = frozenset(FOLDER_STARTUP_PATHS), frozenset(_ENV
 _IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd", ".ipynb")
 
 
-def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
-                          policy_file: str | None, named: Iterable[str]) -> list[str]:
-    """Real paths inside the `writable` folders that a run may not change: the policy file,
-    the startup files of homes inside them, each folder's startup files above, the Python
-    and Jupyter folders this kernel reads at start, and in each of `workdirs` (where a kernel
-    starts) every importable name and notebook. Only what exists now and is reached without
-    a symlink; none that the policy `named` itself; outermost first. One listing of each
+def write_protection(writable: Iterable[str], workdirs: Iterable[str],
+                     policy_file: str | None, named: Iterable[str]
+                     ) -> tuple[list[str], list[str]]:
+    """(the real paths inside the `writable` folders that a run may not change, the folders
+    in them closed to new names: `import_folders`). Protected: the policy file, the startup
+    files of homes inside them, each folder's startup files above, the Python and Jupyter
+    folders this kernel reads at start, and in each of `workdirs` (where a kernel starts)
+    every importable name and notebook. Only what exists now and is reached without a
+    symlink; none that the policy `named` itself; outermost first. One listing of each
     writable folder (kept while the folder is unchanged) serves its names."""
     writable = [path for path in dict.fromkeys(writable) if os.path.isdir(path)]
     if not writable:
-        return []
+        return [], []
     roots = set(writable)
 
     def inside(path: str) -> bool:
@@ -104,7 +106,7 @@ def write_protected_paths(writable: Iterable[str], workdirs: Iterable[str],
     found += [path for path in others if inside(path) and _reached_without_links(path)]
     named = set(named)
     return outermost([path for path in dict.fromkeys(found)
-                       if path not in named and path not in roots])
+                      if path not in named and path not in roots]), by_name
 
 
 def _cwd() -> str | None:
@@ -148,9 +150,8 @@ class WriteGuard:
         seen = self._seen
         if seen is not None and time.monotonic() - seen[0] < self.FRESH_FOR:
             return seen[1], seen[2]
-        workdirs = kernel_workdirs()
-        protected = write_protected_paths(self.writable, workdirs, self.policy_file, self.named)
-        closed = import_folders(self.writable, workdirs)
+        protected, closed = write_protection(self.writable, kernel_workdirs(), self.policy_file,
+                                             self.named)
         self._seen = (time.monotonic(), protected, closed)
         return protected, closed
 

@@ -35,7 +35,7 @@ from ...policy.credential_stores import (
 from ...policy.errors import SandboxError, UnreadableWorkdirError
 from ...policy.models import CapabilityDeclaration, FilesystemMode
 from ...policy.paths import is_within, outermost, within_any
-from ...policy.write_protected import import_folders, kernel_workdirs, write_protected_paths
+from ...policy.write_protected import kernel_workdirs, write_protection
 from ..wire import ChildPlan
 from . import host_reads
 from .isolation import network_namespaces, private_mounts, read_only_view_available
@@ -685,11 +685,9 @@ def _write_protection(capability: CapabilityDeclaration, readable: list[str],
     entries (its own top level, and each folder on the way, only readable). The closed
     folders are Landlock's in both (`child/bootstrap.py` `rules_for`)."""
     named_writable = [path for path in named if path in writable]
-    workdirs = kernel_workdirs()
-    protected = write_protected_paths(writable, workdirs, _policy_file(capability),
-                                      named_writable)
-    closed = [folder for folder in import_folders(writable, workdirs)
-              if not any(is_within(folder, path) for path in protected)]
+    protected, closed = write_protection(writable, kernel_workdirs(), _policy_file(capability),
+                                         named_writable)
+    closed = [folder for folder in closed if not any(is_within(folder, path) for path in protected)]
     if protected and not hidden_by_mounts():
         return protected, closed, [*readable, *writable], split_around_denied(
             writable, protected, named_writable)
