@@ -74,9 +74,9 @@ def project(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-ATTACK = r"""
-import os, sys
-root = ROOT
+# Each attempt's outcome by label: 'done', or the OSError it met. The start of every attack.
+ATTEMPT = r"""
+import os
 outcome = {}
 def attempt(label, action):
     try:
@@ -84,6 +84,11 @@ def attempt(label, action):
         outcome[label] = 'done'
     except OSError as exc:
         outcome[label] = type(exc).__name__
+"""
+
+
+ATTACK = ATTEMPT + r"""
+root = ROOT
 for name in PLANTED:
     path = os.path.join(root, name)
     attempt('write ' + name, lambda: open(path, 'a').write('planted\n'))
@@ -280,15 +285,7 @@ except OSError:
 # New names at the top of a folder Python imports from first (the kernel's working directory,
 # a folder on its sys.path): each would run in the next kernel started there, or in this one
 # at its next import of that name. Each must not appear on the host.
-PLANT_NEW = r"""
-import os
-outcome = {}
-def attempt(label, action):
-    try:
-        action()
-        outcome[label] = 'done'
-    except OSError as exc:
-        outcome[label] = type(exc).__name__
+PLANT_NEW = ATTEMPT + r"""
 for top in TOPS:
     attempt('launcher ' + top, lambda: open(os.path.join(top, 'ipykernel_launcher.py'), 'w').write('planted'))
     attempt('shadow ' + top, lambda: open(os.path.join(top, 'pandas.py'), 'x').write('planted'))
@@ -408,15 +405,7 @@ def _check_untouched(root: Path) -> None:
     assert "write_approval: false" in (root / "tools.yaml").read_text()
 
 
-SHADOW = r"""
-import os
-outcome = {}
-def attempt(label, action):
-    try:
-        action()
-        outcome[label] = 'done'
-    except OSError as exc:
-        outcome[label] = type(exc).__name__
+SHADOW = ATTEMPT + r"""
 for label, action in ACTIONS:
     attempt(label, action)
 print(sorted(outcome.items()))
