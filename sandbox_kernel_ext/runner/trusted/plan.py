@@ -623,7 +623,7 @@ def build_plan(
     # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
     versions: list[object] = [_identity(path) for path
                               in (*read_paths, *write_paths, *owner_mapped, *protected)]
-    versions += [_listing_identity(folder) for folder in closed]  # whose entries it binds
+    versions += [_listing_identity(folder) for folder in closed]  # whose subfolders it rules
     present = present_hidden(hidden, versions)  # adds the hidden folders' and entries'
     return ChildPlan(
         kind=kind,
