@@ -99,6 +99,9 @@ class ChildPlan:
     # puts its own connection to the proxy at the child's descriptor, or refuses
     # (`trusted/connect_broker.py`).
     connect_by_notification: bool = False
+    # The home's path, where the home is a tmpfs sized by the disk quota: the run brings a
+    # descriptor of it ("home") and attaches a copy there (`launcher/sized_home.py`).
+    sized_home: str | None = None
 
     def view(self) -> str:
         """Everything a child's prepared view depends on (mounts, covers, Landlock rules), as
@@ -107,7 +110,8 @@ class ChildPlan:
         return json.dumps([self.read_paths, self.write_paths, self.hidden_paths,
                            self.owner_mapped, self.protected_paths, self.closed_folders,
                            self.list_everywhere, self.uid, self.gid, self.proxy_port,
-                           self.view_stamp, self.private_proc, self.private_shm],
+                           self.view_stamp, self.private_proc, self.private_shm,
+                           self.sized_home],
                           sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:

@@ -71,21 +71,19 @@ def _stored(folder: str) -> int:
                for root, _, files in os.walk(folder) for name in files)
 
 
-@pytest.mark.parametrize("where", ["writable root", "home"])
-def test_many_files_are_stopped_at_the_quota(shared_dir: Path, where: str) -> None:
+def test_many_files_are_stopped_at_the_quota(shared_dir: Path) -> None:
     with SandboxManager(monitor_interval=0.05) as manager:
         sid = manager.create_sandbox(_policy(shared_dir))
-        home = manager._get(sid).home
-        folder = str(shared_dir) if where == "writable root" else ""
+        folder = str(shared_dir)
         result = manager.run_python(sid, MANY_FILES, inputs={"FOLDER": folder}, timeout=60)
         assert result.killed is not None and "disk quota" in result.killed, result
         assert "all written" not in result.stdout
-        written = _stored(folder or home)
+        written = _stored(folder)
         assert QUOTA < written < QUOTA + 4 * 1024 * 1024, written  # stopped near the quota
         with pytest.raises(SandboxError, match="disk quota exceeded.*delete files"):
             manager.run_python(sid, "print('again')")
-        for name in os.listdir(folder or home):  # deleting makes room again
-            os.unlink(os.path.join(folder or home, name))
+        for name in os.listdir(folder):  # deleting makes room again
+            os.unlink(os.path.join(folder, name))
         again = manager.run_python(sid, "print('again')")
         assert again.exit_code == 0 and again.stdout == "again\n", again
 
@@ -111,7 +109,7 @@ def test_what_was_there_before_does_not_count(shared_dir: Path) -> None:
 
 DEEP = r"""
 import os
-os.chdir(os.environ["HOME"])
+os.chdir(FOLDER)
 for level in range(20):                 # a path far past PATH_MAX (4,096 bytes)
     name = f"d{level}" + "x" * 246
     os.mkdir(name)
@@ -129,7 +127,7 @@ def test_files_below_path_max_are_counted(shared_dir: Path) -> None:
     cell stored 271 MB under a 10 MB quota there. It goes by folder descriptor now."""
     with SandboxManager(monitor_interval=0.05) as manager:
         sid = manager.create_sandbox(_policy(shared_dir))
-        result = manager.run_python(sid, DEEP, timeout=60)
+        result = manager.run_python(sid, DEEP, inputs={"FOLDER": str(shared_dir)}, timeout=60)
         assert result.killed is not None and "disk quota" in result.killed, result
         with pytest.raises(SandboxError, match="disk quota exceeded"):
             manager.run_python(sid, "print('again')")
@@ -277,24 +275,23 @@ LEFT_WRITING = r"""
 import os, threading, time
 def write():
     for index in range(200):                 # 200 MB, a file every 20 ms
-        with open(os.path.join(os.environ["HOME"], f"later{index}"), "wb") as out:
+        with open(os.path.join(FOLDER, f"later{index}"), "wb") as out:
             out.write(b"x" * 1048576)
         time.sleep(0.02)
 threading.Thread(target=write, daemon=True).start()
 """
 
 
-def test_a_session_left_writing_between_cells_is_ended_at_its_quota() -> None:
+def test_a_session_left_writing_between_cells_is_ended_at_its_quota(shared_dir: Path) -> None:
     """Found in review: a cell left a thread writing, and while the session sat between
     cells its home grew to 381 MB under a 10 MB quota (between cells only CPU, memory and
-    processes were watched)."""
+    processes were watched). A home is a sized tmpfs now where the host allows
+    (`test_home_space.py`); a writable folder on disk is still walked between cells."""
     with SandboxManager() as manager:
-        sid = manager.create_sandbox(CapabilityDeclaration(
-            file_limits=FileLimits(max_total_bytes=QUOTA),
-            resource_limits=ResourceLimits(max_file_size_mb=100)))
+        sid = manager.create_sandbox(_policy(shared_dir))
         session = manager.start_session(sid)
         try:
-            result = session.run_cell(LEFT_WRITING)
+            result = session.run_cell(LEFT_WRITING.replace("FOLDER", repr(str(shared_dir))))
             assert result.killed is None, result
             deadline = time.monotonic() + 60
             while session.end_reason is None and time.monotonic() < deadline:

@@ -715,6 +715,8 @@ out = [attempt(lambda: os.listdir(a)), attempt(lambda: read(a + '/private.txt'))
         Path(home_a, "private.txt").unlink(missing_ok=True)
     _denied(out[3], *WRITE_REFUSED, errno.ENOENT)  # writing there is stopped (or no "there")
     assert not Path(home_a, "planted").exists()
+    # nor in A's home as A's runs see it (a tmpfs only they attach, where the host allows)
+    assert _ok_run(env.py("out = os.path.exists(os.environ['HOME'] + '/planted')")) is False
     for report in out[:2]:
         _unread(report)
 

@@ -47,6 +47,7 @@ from ..linux.namespaces import (
     PR_SET_DUMPABLE,
     attach_tree,
     bind_mount,
+    clone_mount,
     detached_tmpfs,
     drop_bounding_set,
     drop_capabilities,
@@ -310,6 +311,28 @@ def _owner_mapped_trees(plan: ChildPlan, fds: dict[str, int]) -> list[tuple[str,
     for name in [name for name in fds if name.startswith("tree ")]:
         trees.append((plan.owner_mapped[int(name[5:])], fds.pop(name)))
     return sorted(trees, key=lambda tree: tree[0].count("/"))
+
+
+def _home_tmpfs(plan: ChildPlan, fds: dict[str, int]) -> int | None:
+    """The descriptor of the home's tmpfs where the plan's home is one, taken out of `fds`;
+    else None (one sent anyway is closed)."""
+    home = fds.pop("home", None)
+    if plan.sized_home is None and home is not None:
+        os.close(home)
+        return None
+    if plan.sized_home is not None and home is None:
+        raise OSError(errno.EINVAL, "the home's tmpfs did not come with the run")
+    return home
+
+
+def _attach_home(path: str, home: int) -> None:
+    """A copy of the home's tmpfs on `path` (the trusted side's stays for later runs); made
+    once this process may mount, in its own mount namespace."""
+    copy = clone_mount(home)
+    try:
+        attach_tree(copy, path)
+    finally:
+        os.close(copy)
 
 
 def close_other_fds(keep: set[int]) -> None:
@@ -649,6 +672,36 @@ def _shared_proc_reads() -> list[str]:
     return [path for path in SHARED_PROC_READS if os.path.exists(path)] + entries
 
 
+def _mount_view(plan: ChildPlan, trees: list[tuple[str, int]], home: int | None, *,
+                new_mount_namespace: bool) -> set[int]:
+    """A mount namespace of its own (where one can be had) with root's folders, the home's
+    tmpfs, the covers, the read-only view and the protected paths; the covers' devices."""
+    if new_mount_namespace:
+        unshare(CLONE_NEWNS)
+    try:
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+    except OSError as exc:
+        # No mount namespace here: nothing below can be mounted either. A plan that relies
+        # on mounts to hide paths from rules that would grant them must not run.
+        if plan.hidden_paths:
+            raise OSError(exc.errno, "no mount namespace to hide the paths this policy denies "
+                                     f"({exc.strerror})") from None
+        if trees or home is not None:
+            raise OSError(exc.errno, "no mount namespace to show root's folders (or the home's "
+                                     f"tmpfs) to the child ({exc.strerror})") from None
+        return set()
+    for path, tree in trees:
+        attach_tree(tree, path)
+        os.close(tree)
+    if home is not None and plan.sized_home is not None:
+        _attach_home(plan.sized_home, home)  # after root's folders: it may lie in one
+    devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
+    view_host_read_only(plan.write_paths)
+    _writable_trees([path for path, _ in trees], plan.write_paths)
+    protect_paths(plan.protected_paths, plan.write_paths)
+    return devices
+
+
 def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: bool,
                   drop_root: bool) -> tuple[landlock.LandlockRuleset | None, set[int]]:
     """Everything of a run's confinement that depends on its view alone (`ChildPlan.view`):
@@ -658,28 +711,12 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     rules, built (their descriptor above the fixed numbers; None without Landlock), and the
     devices of the covers."""
     trees = _owner_mapped_trees(plan, fds)
-    if new_mount_namespace:
-        unshare(CLONE_NEWNS)
-    devices: set[int] = set()
+    home = _home_tmpfs(plan, fds)
     try:
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-    except OSError as exc:
-        # No mount namespace here: nothing below can be mounted either. A plan that relies
-        # on mounts to hide paths from rules that would grant them must not run.
-        if plan.hidden_paths:
-            raise OSError(exc.errno, "no mount namespace to hide the paths this policy denies "
-                                     f"({exc.strerror})") from None
-        if trees:
-            raise OSError(exc.errno, "no mount namespace to show root's folders to the child "
-                                     f"({exc.strerror})") from None
-    else:
-        for path, tree in trees:
-            attach_tree(tree, path)
-            os.close(tree)
-        devices = hide_paths(plan.hidden_paths, [*plan.write_paths, *plan.read_paths])
-        view_host_read_only(plan.write_paths)
-        _writable_trees([path for path, _ in trees], plan.write_paths)
-        protect_paths(plan.protected_paths, plan.write_paths)
+        devices = _mount_view(plan, trees, home, new_mount_namespace=new_mount_namespace)
+    finally:
+        if home is not None:
+            os.close(home)
     # Asked for only where the kernel found them possible (`isolation.private_mounts`): one
     # that fails now is a layer the report claims and the run would lack, so it stops the run.
     if plan.private_proc:

@@ -17,10 +17,13 @@ Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per m
                        {"op": "prepare", "key": K, "fds": [names]} + fds (a plan's memfd and
                        root's folders: a spare makes that view now, for the run that names K)
                        {"op": "discard", "key": K} (that view is stale, or its sandbox gone)
+                       {"op": "home", "id": N, "size": S} (a sandbox's home tmpfs)
   launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B}
                        + [pidfd] or [pidfd, CPU clock of the tree]
                        {"op": "failed", "id": N, "error": "..."}
                        {"op": "exited", "id": N, "status": S, "cpu_seconds": C, "maxrss_kb": R}
+                       {"op": "home", "id": N} + [its mount] or {"op": "home", "id": N,
+                       "error": "..."}
 End of file on the socket (the trusted side closed it or died) kills every live child and exits.
 """
 
@@ -39,6 +42,7 @@ from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import PR_SET_CHILD_SUBREAPER, userns_usable
 from ..linux.syscalls import no_core_dumps, prctl
+from .sized_home import make_sized_home
 from ..wire import read_to_end, receive_message, send_message
 
 # The next spare is made once the launcher has had nothing to do for this long: not while a
@@ -349,6 +353,11 @@ class Launcher:
         except ValueError as exc:
             request = f"{type(exc).__name__}: {exc}"  # not a request: the spawn path says so
         op = request.get("op") if isinstance(request, dict) else None
+        if op == "home":
+            for fd in fds:
+                os.close(fd)
+            self._answer_home(request)
+            return True
         if op in ("prepare", "discard"):
             try:
                 if op == "prepare":
@@ -389,6 +398,21 @@ class Launcher:
                     "pid_namespace": self.pid_namespaces},
                    [pidfd] if clock is None else [pidfd, clock])
         os.close(pidfd)
+
+    def _answer_home(self, request: dict[str, Any]) -> None:
+        """Make a sandbox's home tmpfs (`sized_home.py`) and send it, or why it cannot be."""
+        try:
+            size = request.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ValueError(f"not a size: {size!r}")
+            home = make_sized_home(size, uid=self.uid)
+        except (OSError, ValueError) as exc:
+            self._send({"op": "home", "id": request.get("id"), "error": str(exc)})
+            return
+        try:
+            self._send({"op": "home", "id": request.get("id")}, [home])
+        finally:
+            os.close(home)
 
     def _prepare(self, key: str, names: Any, fds: list[int]) -> None:
         """Give the waiting spare a sandbox's view to make, kept under `key` for its next run."""

@@ -16,10 +16,10 @@ from .syscalls import checked, libc, prctl
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWCGROUP", "CLONE_NEWUTS", "CLONE_NEWIPC", "CLONE_NEWUSER",
     "CLONE_NEWPID", "CLONE_NEWNET", "CLONE_NAMESPACE_FLAGS", "unshare", "mount",
-    "bind_mount", "detached_tmpfs", "set_mount_readonly", "set_mount_readonly_at", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
+    "bind_mount", "detached_tmpfs", "sized_tmpfs", "clone_mount", "set_mount_readonly", "set_mount_readonly_at", "mount_setattr_available", "drop_bounding_set", "drop_capabilities", "idmapped_tree",
     "attach_tree", "mapping_user_namespace",
     "drop_identity",
-    "enter_namespaces", "fresh_mounts", "userns_usable",
+    "enter_namespaces", "fresh_mounts", "shared_tmpfs_possible", "userns_usable",
 ]
 
 # Namespace flags of clone(2) and unshare(2).
@@ -110,21 +110,47 @@ def set_mount_readonly_at(fd: int, readonly: bool, *, recursive: bool) -> None:
 
 SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 430, 431, 432  # Linux 5.2, every architecture
 FSOPEN_CLOEXEC = FSMOUNT_CLOEXEC = 1
-FSCONFIG_CMD_CREATE = 6
+FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 1, 6
 MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC = 0x4, 0x8
 
 
 def detached_tmpfs() -> int:
     """A descriptor of a new small tmpfs mounted nowhere (nosuid, nodev, noexec): files made
     in it can be bound onto paths, and no path names the tmpfs itself."""
+    return _new_tmpfs({}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
+
+
+def sized_tmpfs(size: int, inodes: int, *, owner: int | None = None, mode: int = 0o700) -> int:
+    """A descriptor of a new tmpfs mounted nowhere (nosuid, nodev), that holds at most `size`
+    bytes and `inodes` files and folders: past either, a write fails with ENOSPC in Linux
+    itself. Its root belongs to `owner` (uid and gid), else to the caller. `clone_mount`
+    makes copies of it to attach, each showing the same files."""
+    options = {"size": str(size), "nr_inodes": str(inodes), "mode": f"{mode:o}"}
+    if owner is not None:
+        options.update(uid=str(owner), gid=str(owner))
+    return _new_tmpfs(options, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+
+
+def _new_tmpfs(options: dict[str, str], attributes: int) -> int:
     fs = _syscall(SYS_FSOPEN, b"tmpfs", ctypes.c_uint(FSOPEN_CLOEXEC))
     try:
+        for key, value in options.items():
+            _syscall(SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_SET_STRING),
+                     key.encode(), value.encode(), ctypes.c_int(0))
         _syscall(SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_CMD_CREATE), None, None,
                  ctypes.c_int(0))
         return _syscall(SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
-                        ctypes.c_uint(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC))
+                        ctypes.c_uint(attributes))
     finally:
         os.close(fs)
+
+
+def clone_mount(mount_fd: int) -> int:
+    """A new detached copy of the mount `mount_fd` is (the same files), to attach with
+    `attach_tree`. A mount made by `sized_tmpfs` and never attached can be copied this way
+    from Linux 6.15 on, by a process that may mount (EINVAL before: `clone_mount` fails)."""
+    return _syscall(SYS_OPEN_TREE, ctypes.c_int(mount_fd), b"",
+                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH))
 
 
 def _syscall(number: int, *args: object) -> int:
@@ -370,6 +396,36 @@ def fresh_mounts(use_userns: bool) -> dict[str, bool]:
             os._exit(max(found, 0) & 3)
     bits = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return {"proc": bool(bits & 1), "dev_shm": bool(bits & 2)}
+
+
+def shared_tmpfs_possible(use_userns: bool) -> bool:
+    """Whether a tmpfs made where this process may make one (new user and mount namespaces
+    unless it is root) can be attached by a child in mount namespaces of its own, as a copy
+    (`sized_tmpfs`, `clone_mount`, `attach_tree`: a container profile may refuse any of
+    them; Linux before 6.15 refuses the copy). Tried in throwaway forks, as it is done."""
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            if os.geteuid() != 0:
+                enter_namespaces(CLONE_NEWNS, use_userns=True, seen_uid=0)
+            made = sized_tmpfs(4096, 16)
+            inner = os.fork()
+            if inner == 0:
+                attached = False
+                try:
+                    enter_namespaces(CLONE_NEWNS, use_userns)
+                    mount(None, "/", None, MS_REC | MS_PRIVATE)
+                    attach_tree(clone_mount(made), "/tmp")
+                    attached = True
+                finally:
+                    os._exit(0 if attached else 1)
+            ok = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1]) == 0
+        except BaseException:  # noqa: BLE001 - not possible here
+            pass
+        finally:
+            os._exit(0 if ok else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def userns_usable() -> bool:

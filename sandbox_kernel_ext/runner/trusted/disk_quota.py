@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["DiskQuota", "Usage", "measure"]
+__all__ = ["DiskQuota", "Usage", "measure", "mounts_used"]
 
 # The next walk waits at least this many times as long as the last one took, and at most
 # this long: a cell that slows the walks down (a flood of empty files) cannot buy itself a
@@ -146,8 +146,9 @@ def _one_per_filesystem(folders: list[str]) -> list[str]:
     return list(chosen.values())
 
 
-def _free_space(folders: list[str]) -> list[tuple[int, int] | None]:
-    """(free bytes, free inodes) of each folder's filesystem, None where it cannot be read."""
+def _free_space(folders: list[str | int]) -> list[tuple[int, int] | None]:
+    """(free bytes, free inodes) of each folder's filesystem (a path, or a descriptor on
+    it), None where it cannot be read."""
     free: list[tuple[int, int] | None] = []
     for folder in folders:
         try:
@@ -159,16 +160,31 @@ def _free_space(folders: list[str]) -> list[tuple[int, int] | None]:
     return free
 
 
-class DiskQuota:
-    """One sandbox's folders, what they held when it was made, and its quota."""
+def mounts_used(mounts: Iterable[int]) -> int:
+    """The bytes the filesystems of `mounts` (descriptors of a home's tmpfs) hold in their
+    blocks. Their files and folders are not counted: the tmpfs caps them itself."""
+    used = 0
+    for mount in mounts:
+        try:
+            info = os.statvfs(mount)
+        except OSError:  # closed: its sandbox was destroyed while a walk ran
+            continue
+        used += (info.f_blocks - info.f_bfree) * info.f_frsize
+    return used
 
-    def __init__(self, folders: list[str], limit: int) -> None:
+
+class DiskQuota:
+    """One sandbox's folders (and the tmpfs of its home, if it has one: `mounts`, counted
+    whole by `statvfs`), what they held when it was made, and its quota."""
+
+    def __init__(self, folders: list[str], limit: int, mounts: Iterable[int] = ()) -> None:
         self.folders = list(folders)
+        self.mounts = list(mounts)  # descriptors the caller owns and keeps open
         self.limit = limit
         self._lock = threading.Lock()
         started = time.monotonic()
         baseline = measure(self.folders)
-        self.baseline = baseline.bytes
+        self.baseline = baseline.bytes + mounts_used(self.mounts)
         self._unlisted_before = baseline.unlisted  # not ours to list from the start
         self.added = 0  # at the last walk
         self.unlisted: set[str] = set()
@@ -177,7 +193,7 @@ class DiskQuota:
         self._burst_walk_at = 0.0
         # One folder per filesystem the folders are on, and their free space and inodes
         # when the last walk began: a fall by more than the quota has left means a burst.
-        self._filesystems = _one_per_filesystem(self.folders)
+        self._filesystems: list[str | int] = [*_one_per_filesystem(self.folders), *self.mounts]
         self._free_at_walk = self._free_at_look = _free_space(self._filesystems)
         self.moving = False  # whether the free space changed between the last two looks
 
@@ -187,9 +203,10 @@ class DiskQuota:
         started = time.monotonic()
         self._free_at_walk = _free_space(self._filesystems)
         usage = measure(self.folders, open_files(), stop_above=self.baseline + self.limit)
+        used = usage.bytes + mounts_used(self.mounts)
         with self._lock:
             ended = time.monotonic()
-            self.added = usage.bytes - self.baseline
+            self.added = used - self.baseline
             self.unlisted = usage.unlisted - self._unlisted_before
             self._next_walk = ended + _pause_after(ended - started)
             self._burst_walk_at = ended + _BURST_COST_FACTOR * (ended - started)

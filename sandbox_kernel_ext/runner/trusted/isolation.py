@@ -17,7 +17,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import SandboxTier
 from ..linux import landlock, seccomp
 
-__all__ = ["isolation_report", "missing_layers", "check_tier", "default_child_uid",
+__all__ = ["isolation_report", "missing_layers", "sized_homes_possible", "check_tier", "default_child_uid",
            "seen_uid", "read_only_view_available", "private_mounts", "user_namespaces",
            "NOBODY_UID"]
 
@@ -73,11 +73,28 @@ def connect_notification() -> bool:
     descriptors put into the child: Linux 5.9), for egress without a network namespace."""
     if not sys.platform.startswith("linux") or seccomp.supported_arch() is None:
         return False
-    release = [int(part) for part in platform.release().split("-")[0].split(".")[:2]
-               if part.isdigit()]
-    if len(release) < 2 or tuple(release) < (5, 9):
+    if not _linux_at_least(5, 9):
         return False
     return seccomp.action_available(seccomp.NOTIFY)
+
+
+def _linux_at_least(major: int, minor: int) -> bool:
+    release = [int(part) for part in platform.release().split("-")[0].split(".")[:2]
+               if part.isdigit()]
+    return len(release) == 2 and tuple(release) >= (major, minor)
+
+
+@functools.lru_cache(maxsize=1)
+def sized_homes_possible() -> bool:
+    """Whether a sandbox's home can be a tmpfs sized by its quota (`launcher/sized_home.py`):
+    a tmpfs can be made and a child in namespaces of its own may attach a copy of it (Linux
+    6.15; a container's seccomp profile may refuse the calls), tried once. Elsewhere homes
+    stay on disk, under the walks."""
+    if not sys.platform.startswith("linux") or not (user_namespaces() or os.geteuid() == 0):
+        return False
+    from ..linux.namespaces import shared_tmpfs_possible
+
+    return shared_tmpfs_possible(user_namespaces())
 
 
 def egress_possible() -> bool:
@@ -242,6 +259,13 @@ def isolation_report() -> dict[str, Any]:
         "disk_quota": ("file_limits.max_total_bytes over what a sandbox adds to its writable "
                        "folders and home: timed walks (twenty times their cost apart, at most "
                        "5 s) and a kill past it; RLIMIT_FSIZE holds each file to what is left"),
+        "home_space": (
+            "a tmpfs of each sandbox's own, of the quota's size and one file per KiB of it: "
+            "past either, writes there fail with ENOSPC (its pages are memory, outside the "
+            "memory budget but within the quota)" if sized_homes_possible() else
+            "a folder on the host's disk, under the quota's walks: a burst of writes can pass "
+            "the quota until the next walk (this host cannot give a child a tmpfs copy of "
+            "its own: that needs mounts in its namespace and Linux 6.15)"),
         "process_view": (
             "a /proc of the child's own PID namespace" if private_mounts()["proc"] else
             "the host's /proc, of which Landlock lets a child read its first process's own "

@@ -108,6 +108,16 @@ class SpawnedChild:
             self.cpu_clock = -1
 
 
+class _HomeAnswer:
+    """The launcher's answer to `LauncherClient.sized_home`: the tmpfs's mount, or why not."""
+
+    def __init__(self) -> None:
+        self.mount = -1
+        self.error: str | None = None
+        self.started = threading.Event()
+        self.exited = threading.Event()
+
+
 def _sweep_descendants(pid: int) -> None:
     """SIGKILL every descendant of `pid`, repeatedly while new ones appear (without a PID
     namespace this is the only way; `setsid` children stay descendants until reparented)."""
@@ -136,7 +146,7 @@ class LauncherClient:
         self._sock: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        self._pending: dict[int, SpawnedChild] = {}
+        self._pending: dict[int, SpawnedChild | _HomeAnswer] = {}
         self._next_id = 0
 
     @property
@@ -184,6 +194,33 @@ class LauncherClient:
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
         return child
 
+    def sized_home(self, size: int) -> int:
+        """A new tmpfs of `size` bytes for a sandbox's home (`launcher/sized_home.py`), as a
+        detached mount the caller owns; SandboxError saying why where it cannot be made."""
+        reply = _HomeAnswer()
+        with self._lock:
+            if self._sock is None or self._process is None or self._process.poll() is not None:
+                self._cleanup_locked()
+                self._start()
+            self._next_id += 1
+            request_id = self._next_id
+            self._pending[request_id] = reply
+            assert self._sock is not None
+            try:
+                send_message(self._sock, {"op": "home", "id": request_id, "size": size})
+            except OSError as exc:
+                self._pending.pop(request_id, None)
+                raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
+        if not reply.exited.wait(timeout=START_TIMEOUT):
+            with self._lock:
+                self._pending.pop(request_id, None)
+            if reply.exited.is_set() and reply.mount >= 0:  # answered just now
+                os.close(reply.mount)
+            raise SandboxError("the sandbox launcher did not answer for the home's tmpfs")
+        if reply.mount < 0:
+            raise SandboxError(reply.error or "the sandbox launcher made no tmpfs")
+        return reply.mount
+
     def prepare(self, key: str, fds: dict[str, int]) -> None:
         """Have a spare make a view ahead (the plan's memfd and trees in `fds`), for a
         spawn with the same `key`; nothing is started for it if the launcher is not running.
@@ -227,6 +264,12 @@ class LauncherClient:
                 child.started.set()
             elif op == "failed":
                 child.error = message["error"]
+                self._finish(message["id"], child)
+            elif op == "home" and isinstance(child, _HomeAnswer):
+                child.mount = fds.pop(0) if fds else -1
+                for extra in fds:
+                    os.close(extra)
+                child.error = message.get("error")
                 self._finish(message["id"], child)
             elif op == "exited":
                 child.status = message["status"]

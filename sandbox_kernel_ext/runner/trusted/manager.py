@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import json
 import logging
+import mmap
 import os
 import pickle
 import resource
@@ -47,6 +48,7 @@ from .isolation import (
     default_child_uid,
     missing_layers,
     egress_possible,
+    sized_homes_possible,
     user_namespaces,
 )
 from .launcher_client import LauncherClient, SpawnedChild
@@ -95,6 +97,9 @@ class _Sandbox:
     disk: DiskQuota | None = None  # its writable folders and home, when file_limits has a quota
     # (key, view) of the spare the launcher keeps prepared for its next run (`_prepare_next`)
     prepared: tuple[str, str] | None = None
+    # Its home's tmpfs, sized by the quota (`launcher/sized_home.py`): each run attaches a
+    # copy on `home`. None: the home is the folder on disk.
+    home_mount: int | None = None
 
 
 
@@ -158,6 +163,7 @@ class SandboxManager:
             raise SandboxError("child_uid=0 needs user namespaces, which this host refuses: "
                                "root without one would keep what only namespaces take away")
         self._owner_map = self._make_owner_map()
+        self._warned_home = False  # whether a home that could not be a tmpfs was reported
         self.broker = broker if broker is not None else ApprovalBroker()  # the process default decides
         self._egress_resolver = egress_resolver
         self._rate_limiter = RateLimiter()  # shared: rates hold across this manager's sandboxes
@@ -203,12 +209,38 @@ class SandboxManager:
             os.chown(home, self.child_uid, self.child_uid)
         os.chmod(home, 0o700)
         quota = capability.file_limits.max_total_bytes
-        disk = DiskQuota([home, *grants[1]], quota) if quota is not None else None
+        home_mount = self._sized_home(quota)
+        try:
+            disk = None if quota is None else DiskQuota(
+                [*grants[1]] if home_mount is not None else [home, *grants[1]], quota,
+                mounts=[home_mount] if home_mount is not None else [])
+        except BaseException:
+            if home_mount is not None:
+                os.close(home_mount)
+            raise
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
                                                    grants=grants, network_note=network_note,
-                                                   gated=gated, disk=disk)
+                                                   gated=gated, disk=disk, home_mount=home_mount)
         return sandbox_id
+
+    def _sized_home(self, quota: int | None) -> int | None:
+        """A tmpfs for a new sandbox's home (`launcher/sized_home.py`) of the quota's size in
+        whole pages, so that the home alone can never pass the quota; or None: no quota (or
+        one under a page), or a host that cannot (the home is then on disk, under the quota's
+        walks: the first such sandbox warns, naming why)."""
+        size = (quota or 0) // mmap.PAGESIZE * mmap.PAGESIZE
+        if not size or not sized_homes_possible():
+            return None
+        try:
+            return self._launcher.sized_home(size)
+        except SandboxError as exc:
+            if not self._warned_home:
+                self._warned_home = True
+                warnings.warn(f"sandbox_kernel_ext: sandbox homes stay on disk ({exc}); a "
+                              "burst of writes there can pass the disk quota until the next "
+                              "walk", UserWarning, stacklevel=3)
+            return None
 
     def _make_owner_map(self) -> int | None:
         """A root kernel's unprivileged child sees root's granted folders as its own through
@@ -240,6 +272,14 @@ class SandboxManager:
         RLIMIT_NPROC does not bind root, so a fork bomb's first milliseconds could take every
         process the host has, the monitor's thread included."""
         return 0.0 if self.child_uid == 0 else QUICK_RUN_SECONDS
+
+    def _view_mounts(self, sandbox: _Sandbox, plan: ChildPlan) -> dict[str, int]:
+        """The mounts a run's view attaches, as descriptors the launcher takes: root's folders
+        shown as the child's ("tree N") and the home's tmpfs ("home")."""
+        mounts = self._owner_mapped_trees(plan) if self._owner_map is not None else {}
+        if plan.sized_home is not None and sandbox.home_mount is not None:
+            mounts["home"] = os.dup(sandbox.home_mount)
+        return mounts
 
     def _owner_mapped_trees(self, plan: ChildPlan) -> dict[str, int]:
         """Copies of root's folders the plan shows as the child's ("tree N" for
@@ -337,6 +377,9 @@ class SandboxManager:
             self._launcher.discard(prepared[0])
         if sandbox.proxy is not None:
             sandbox.proxy.close()
+        if sandbox.home_mount is not None:
+            os.close(sandbox.home_mount)  # the tmpfs goes with the last run's copy of it
+            sandbox.home_mount = None
         shutil.rmtree(sandbox.home, ignore_errors=True)
 
     def close(self) -> None:
@@ -507,8 +550,7 @@ class SandboxManager:
         view = dataclasses.replace(plan, kind="exec", argv=[], env={}, cwd="/", rlimits={})
         fds = {"plan": memfd("sandbox-view", json.dumps(view.to_json()).encode())}
         try:
-            if self._owner_map is not None:
-                fds.update(self._owner_mapped_trees(plan))
+            fds.update(self._view_mounts(sandbox, plan))
             self._launcher.prepare(key, fds)
         finally:
             for fd in fds.values():
@@ -550,7 +592,8 @@ class SandboxManager:
                           denied=sandbox.denied, pinned=sandbox.grants,
                           proxy_port=PROXY_PORT if egress else None,
                           disk_headroom=self._disk_headroom(sandbox),
-                          owner_mapping=self._owner_map is not None)
+                          owner_mapping=self._owner_map is not None,
+                          sized_home=sandbox.home_mount is not None)
 
     def _disk_headroom(self, sandbox: _Sandbox) -> int | None:
         """Bytes the sandbox may still add to its folders (None: no quota); a sandbox already
@@ -565,7 +608,8 @@ class SandboxManager:
         reason = disk.exceeded(added)
         if reason is not None:
             raise SandboxError(f"{reason}: delete files in {', '.join(disk.folders)} (or raise "
-                               "the quota in the policy) before running again")
+                               "the quota in the policy) before running again"
+                               if disk.folders else f"{reason}: raise the quota in the policy")
         return disk.limit - added
 
     # -- sessions ---------------------------------------------------------------------------------
@@ -634,8 +678,7 @@ class SandboxManager:
         # memfd that only the child reads: the launcher's memory is inherited by every later
         # fork, another sandbox's cell included, so nothing of a plan may pass through it.
         plumbing.child_ends["plan"] = memfd("sandbox-plan", json.dumps(plan.to_json()).encode())
-        if self._owner_map is not None:
-            plumbing.child_ends.update(self._owner_mapped_trees(plan))
+        plumbing.child_ends.update(self._view_mounts(sandbox, plan))
         started = time.monotonic()
         child = self._launcher.spawn(plumbing.child_ends, self._prepared_key(sandbox, plan))
         sandbox.child = child  # from here on, kill() and destroy() reach it

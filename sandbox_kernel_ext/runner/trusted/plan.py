@@ -574,12 +574,13 @@ def build_plan(
     proxy_port: int | None = None,
     disk_headroom: int | None = None,
     owner_mapping: bool = False,
+    sized_home: bool = False,
 ) -> ChildPlan:
     """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
     elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
     sandbox) refuses the run instead of granting the link's target. `owner_mapping`: the run
     comes with an owner map (a root kernel's unprivileged child), so root's granted folders
-    are shown to the child as its own."""
+    are shown to the child as its own. `sized_home`: the home is a tmpfs the run brings."""
     denied, own = denied_for(capability, denied)  # the credential list and the policy's own
     readable, writable = filesystem_grants(capability)
     if cwd and not any(is_within(os.path.realpath(cwd), path) for path in (
@@ -646,6 +647,7 @@ def build_plan(
         private_shm=mounts["dev_shm"],
         # where the proxy cannot listen in a namespace of the child's own
         connect_by_notification=proxy_port is not None and not network_namespaces(),
+        sized_home=home if sized_home else None,
     )
 
 

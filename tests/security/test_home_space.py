@@ -1,0 +1,158 @@
+"""A sandbox's home holds no more than its quota, in Linux itself.
+
+A third attack corpus landed a burst in a sandbox's home before the quota's walk could kill
+it: 360 MB in 360 files, and 86,515 empty files, under a 10 MB quota. Where the host allows
+it (the isolation report's `home_space`), the home is now a tmpfs of the quota's size and
+one file per KiB of it, attached by each run of the sandbox: every burst shape below fails
+there with ENOSPC (or EFBIG for a single file, at RLIMIT_FSIZE) and nothing is killed. Where
+the host does not, the home is on disk and the walk's kill stops the same bursts; each test
+asserts whichever guarantee the report claims, never neither.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager, isolation_report
+from sandbox_kernel_ext.policy.file_limits import FileLimits
+from sandbox_kernel_ext.runner.launcher.sized_home import home_inodes
+from sandbox_kernel_ext.runner.trusted.isolation import sized_homes_possible
+
+QUOTA = 2 * 1024 * 1024
+ON_TMPFS = sized_homes_possible()
+
+# Each writes into $HOME until Linux refuses, then prints the refusal's errno name and how
+# many steps it took. Without a tmpfs nothing refuses before the walk kills the run.
+BURSTS = {
+    "files of 64 KiB, no pause": """
+for index in range(10**6):
+    with open(f"{home}/part-{index}", "wb") as out:
+        out.write(b"x" * 65536)
+""",
+    "empty files": """
+for index in range(10**7):
+    open(f"{home}/e{index}", "w").close()
+""",
+    "empty folders": """
+for index in range(10**7):
+    os.mkdir(f"{home}/d{index}")
+""",
+    "one file growing": """
+with open(f"{home}/big", "wb") as out:
+    for index in range(10**6):
+        out.write(b"x" * 1048576)
+        out.flush()
+""",
+    "files held open without a name": """
+held = []
+for index in range(10**6):
+    fd = os.open(home, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    held.append(fd)
+    os.write(fd, b"x" * 524288)
+""",
+}
+PROLOGUE = """
+import errno, os
+home = os.environ["HOME"]
+index = 0
+try:
+"""
+EPILOGUE = """
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno, exc.errno), index)
+"""
+
+
+def _burst(shape: str) -> str:
+    body = "".join(f"    {line}\n" for line in BURSTS[shape].strip("\n").splitlines())
+    return PROLOGUE + body + EPILOGUE
+
+
+def _policy() -> CapabilityDeclaration:
+    return CapabilityDeclaration(file_limits=FileLimits(max_total_bytes=QUOTA))
+
+
+def test_the_report_says_where_homes_live() -> None:
+    space = isolation_report()["home_space"]
+    assert space.startswith("a tmpfs of each sandbox's own" if ON_TMPFS else
+                            "a folder on the host's disk"), space
+
+
+@pytest.mark.parametrize("shape", sorted(BURSTS))
+def test_a_burst_in_the_home_stops_at_the_quota(shape: str) -> None:
+    with SandboxManager(monitor_interval=0.05) as manager:
+        sid = manager.create_sandbox(_policy())
+        result = manager.run_python(sid, _burst(shape), timeout=120)
+        host_home = manager._get(sid).home
+        if not ON_TMPFS:  # the walk's guarantee: killed near the quota (one file: RLIMIT_FSIZE)
+            assert (result.killed is not None and "disk quota" in result.killed) or (
+                shape == "one file growing" and result.stdout.startswith("EFBIG")), result
+            return
+        assert result.killed is None and result.exit_code == 0, result
+        refusal, steps = result.stdout.split()
+        assert refusal in (("ENOSPC", "EFBIG") if shape == "one file growing" else ("ENOSPC",)), \
+            result
+        assert result.resource_usage["disk_bytes"] <= QUOTA, result.resource_usage
+        if shape.startswith("empty"):  # the inode cap, not the bytes, stopped it
+            assert int(steps) < home_inodes(QUOTA), steps
+        # nothing of it is on the host's disk, and the next run finds the home full but runs
+        assert os.listdir(host_home) == []
+        again = manager.run_python(sid, "import os; print(len(os.listdir(os.environ['HOME'])))")
+        assert again.exit_code == 0 and again.killed is None, again
+
+
+def test_the_home_is_the_same_for_every_run_and_session_of_a_sandbox() -> None:
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_policy())
+        other = manager.create_sandbox(_policy())
+        wrote = manager.run_python(sid, "import os\nopen(os.environ['HOME'] + '/kept', 'w')"
+                                        ".write('from the first run')")
+        assert wrote.exit_code == 0, wrote
+        read = manager.run_python(sid, "import os\nprint(open(os.environ['HOME'] + '/kept')"
+                                       ".read())")
+        assert read.stdout == "from the first run\n", read
+        session = manager.start_session(sid)
+        try:
+            cell = session.run_cell("import os\nprint(sorted(os.listdir(os.environ['HOME'])))")
+        finally:
+            session.close()
+        assert "'kept'" in cell.stdout, cell
+        elsewhere = manager.run_python(other, "import os\nprint(os.listdir(os.environ['HOME']))")
+        assert elsewhere.stdout == "[]\n", elsewhere  # each sandbox has its own home
+
+
+def test_a_destroyed_sandbox_leaves_no_descriptor_of_its_home() -> None:
+    """The kernel process holds each home's tmpfs for its sandbox's life only."""
+    def descriptors() -> set[str]:
+        found = set()
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                found.add(f"{name} {os.readlink(f'/proc/self/fd/{name}')}")
+            except OSError:
+                continue
+        return found
+
+    with SandboxManager() as manager:
+        warm = manager.create_sandbox(_policy())  # the launcher and its socket, once
+        manager.run_python(warm, "print(1)")
+        manager.destroy(warm)
+        before = descriptors()
+        for _ in range(3):
+            sid = manager.create_sandbox(_policy())
+            assert manager.run_python(sid, "print(1)").exit_code == 0
+            manager.destroy(sid)
+        assert descriptors() == before
+
+
+def test_a_home_full_of_files_from_a_run_is_not_kept_on_disk_after_destroy() -> None:
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_policy())
+        host_home = manager._get(sid).home
+        manager.run_python(sid, "import os\nopen(os.environ['HOME'] + '/f', 'w').write('x')")
+        stored = [os.path.join(root, name) for root, _, names in os.walk(host_home)
+                  for name in names]
+        assert stored == ([] if ON_TMPFS else [os.path.join(host_home, "f")])
+        manager.destroy(sid)
+        assert not os.path.exists(host_home)
