@@ -26,6 +26,12 @@ def load_ipython_extension(ipython: Any) -> None:
 
     if ipython.magics_manager.registry.get(_MAGICS_NAME) is None:
         ipython.register_magics(SandboxMagics(ipython))
+        from .kernel_routing import shell_click_delivery
+
+        delivery = shell_click_delivery(ipython)
+        if delivery is not None and delivery.route != "kernel":
+            # Said before anyone is asked: on this kernel an approval may be denied unseen.
+            print(f"sandbox_kernel_ext: approvals: {delivery.detail}")
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -40,11 +40,15 @@ from .assets import js_asset
 from .kernel_routing import (
     CellParent,
     CellTracker,
+    ClickDelivery,
     RoutingUnavailable,
     SubshellRouter,
+    adopt_cell_parent,
+    click_delivery,
     output_to,
     restore_default_parent,
 )
+from .shell_pump import ShellPump
 
 _logger = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ _logger = logging.getLogger(__name__)
 # {"method": "custom", "content": {"event": "rendered"}} on the acknowledging widget's comm
 # (js/render_ack.js).
 RENDERED_EVENT = "rendered"
+# How often a cell that reads its own clicks (ipykernel 6.x) looks at the shell socket.
+PUMP_INTERVAL = 0.05
 
 _OUTCOME = {
     Decision.allow_once: "Approved once",
@@ -296,6 +302,7 @@ class WidgetResponder:
         self.render_timeout = render_timeout
         self._cells = CellTracker(kernel)
         self._router = SubshellRouter(kernel)
+        self.delivery: ClickDelivery = click_delivery(kernel)
         self._closed = False
 
     def close(self) -> None:
@@ -310,14 +317,16 @@ class WidgetResponder:
 
     def __call__(self, request: ApprovalRequest, timeout: float | None) -> ApprovalDecision:
         cell = self._cells.current()
+        adopt_cell_parent(self.kernel, cell)
         widget = ApprovalWidget(request, timeout)
         handle: DisplayHandle | None = None
         decision: ApprovalDecision | None = None
+        pump = self._pump()
         try:
-            why_not = self._why_nobody_can_answer(cell, widget)
+            why_not = self._why_nobody_can_answer(cell, widget, pump)
             handle = self._show(widget, cell)
             if why_not is None:
-                decision, why_not = self._wait(widget, timeout, cell)
+                decision, why_not = self._wait(widget, timeout, cell, pump)
             if decision is None:
                 decision = self._headless(request, timeout, cell, why_not or "")
             return decision
@@ -332,8 +341,22 @@ class WidgetResponder:
             )
             raise
         finally:
+            if pump is not None:
+                pump.release()
             self._restore_parent(cell)
             self._record(widget, handle, cell, decision)
+
+    def _main_shell_busy(self) -> bool:
+        """Whether the main shell is busy now (a click to it would wait): it runs a cell, or
+        the main thread is the one asking (from a cell, or a callback of the kernel's)."""
+        return threading.current_thread() is threading.main_thread() or self._cells.main_busy()
+
+    def _pump(self) -> ShellPump | None:
+        """The reader of the shell socket this wait needs and can have: ipykernel 6.x, the
+        main shell busy, and this the main thread (`shell_pump.py`); else None."""
+        if self.delivery.route != "pump" or not self._main_shell_busy():
+            return None
+        return ShellPump(self.kernel) if ShellPump.possible(self.kernel) else None
 
     def _record(
         self,
@@ -353,7 +376,8 @@ class WidgetResponder:
         except Exception:  # the answer stands even if the kernel cannot show it any more
             _logger.exception("could not record the approval decision in the widget")
 
-    def _why_nobody_can_answer(self, cell: CellParent, widget: ApprovalWidget) -> str | None:
+    def _why_nobody_can_answer(self, cell: CellParent, widget: ApprovalWidget,
+                               pump: ShellPump | None) -> str | None:
         if self._closed:
             return "the sandbox extension was unloaded"
         if not cell.allow_stdin:
@@ -363,6 +387,10 @@ class WidgetResponder:
             )
         if self._router.on_subshell_thread():
             return "it was asked from the widget's own message thread, which cannot also click"
+        if self.delivery.route in ("none", "pump") and pump is None and self._main_shell_busy():
+            return f"clicks cannot reach this kernel while the cell is busy: {self.delivery.detail}"
+        if self.delivery.route != "kernel":
+            return None  # the frontend's subshells, the pump, or an idle main shell bring it
         try:
             for comm, active in widget.routes():
                 self._router.route(comm, active)
@@ -376,7 +404,8 @@ class WidgetResponder:
         return handle if isinstance(handle, DisplayHandle) else None
 
     def _wait(
-        self, widget: ApprovalWidget, timeout: float | None, cell: CellParent
+        self, widget: ApprovalWidget, timeout: float | None, cell: CellParent,
+        pump: ShellPump | None = None,
     ) -> tuple[ApprovalDecision | None, str | None]:
         """A click or the timeout's denial; (None, why) if no frontend rendered the widget."""
         start = time.monotonic()
@@ -393,7 +422,9 @@ class WidgetResponder:
             elif not widget.rendered.is_set() and now >= render_deadline:
                 return None, (
                     f"no frontend showed the approval widget within {self.render_timeout:g} s "
-                    "(is JupyterLab's anywidget extension installed?)"
+                    + ("(is JupyterLab's anywidget extension installed?)"
+                       if self.delivery.route == "kernel" or not self._main_shell_busy() else
+                       f"that this busy kernel heard of: {self.delivery.detail}")
                 )
             if deadline is not None and now >= deadline:
                 return (
@@ -408,6 +439,9 @@ class WidgetResponder:
             step = 1.0 if deadline is None else min(1.0, deadline - now)
             if not widget.rendered.is_set():
                 step = min(step, render_deadline - now)
+            if pump is not None:  # this thread is the one that reads the clicks
+                pump.pump()
+                step = min(step, PUMP_INTERVAL)
             widget.answered.wait(max(step, 0.0))
 
     @staticmethod
@@ -431,9 +465,11 @@ class WidgetResponder:
         return decision.model_copy(update={"reason": reason})
 
     def _restore_parent(self, cell: CellParent) -> None:
-        """Routed messages made themselves the kernel's default parent; if this cell still
-        runs, make it the default again so threads' output keeps landing in it."""
-        if self._router.subshell_id is not None and self._cells.current().msg_id == cell.msg_id:
+        """Messages handled on a subshell (ours, or the frontend's) made themselves the
+        kernel's default parent; if this cell still runs, make it the default again so
+        threads' output keeps landing in it."""
+        routed = self._router.subshell_id is not None or self.delivery.route == "frontend"
+        if routed and self._cells.current().msg_id == cell.msg_id:
             restore_default_parent(self.kernel, cell)
 
 

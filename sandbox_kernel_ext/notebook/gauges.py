@@ -1,7 +1,8 @@
 """Live gauges of a sandboxed cell: CPU, memory, elapsed time, tokens and cost against limits.
 
 The monitor thread calls `GaugePanel.update` directly while the cell runs (widget values set
-from a background thread reach the frontend on ipykernel 7.4, see DESIGN.md), so the panel is
+from a background thread reach the frontend; on ipykernel 7.0 that thread is first given the
+showing cell as its parent, `adopt_cell_parent`), so the panel is
 its only writer: each update is one trait assignment, hence one comm message carrying every
 value. `freeze` turns the panel into the run's summary. The view is `js/gauges.js`; this module
 only shapes and forwards numbers, it decides nothing about the limits.
@@ -16,9 +17,11 @@ from typing import Any
 
 import anywidget
 import traitlets
+from IPython import get_ipython
 from IPython.display import DisplayHandle, display
 
 from .assets import js_asset
+from .kernel_routing import CellParent, adopt_cell_parent
 
 __all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits", "summarize"]
 
@@ -180,6 +183,7 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         # touched by two threads at once.
         self._write_lock = threading.Lock()
         self._handle: DisplayHandle | None = None
+        self._cell: tuple[Any, CellParent] | None = None  # (kernel, the cell that showed it)
 
     @traitlets.validate("limits")
     def _check_limits(self, proposal: dict[str, Any]) -> dict[str, float | None]:
@@ -190,12 +194,21 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         return bool(self.outcome)
 
     def show(self) -> None:
-        """Display the panel with a display id, so `freeze` can also refresh its saved text."""
+        """Display the panel with a display id, so `freeze` can also refresh its saved text;
+        the showing cell is where later updates from other threads belong."""
+        kernel = getattr(get_ipython(), "kernel", None)
+        if kernel is not None:
+            self._cell = (kernel, CellParent.of_current_context(kernel))
         self._handle = display(self, display_id=True)
+
+    def _adopt_cell(self) -> None:
+        if self._cell is not None:
+            adopt_cell_parent(*self._cell)
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         """Show a monitor snapshot; safe from any thread, ignored once frozen or closed."""
         readings = _readings("snapshot", snapshot, SNAPSHOT_KEYS)
+        self._adopt_cell()
         with self._write_lock:
             if self.frozen or self.comm is None or readings == self.readings:
                 return
@@ -207,6 +220,7 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         if not isinstance(outcome, str) or not outcome.strip():
             raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
         readings = _readings("resource_usage", resource_usage, SNAPSHOT_KEYS + _SUMMARY_KEYS)
+        self._adopt_cell()
         with self._write_lock:
             if self.comm is None:
                 return

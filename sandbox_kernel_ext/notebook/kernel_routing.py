@@ -1,5 +1,9 @@
 """Getting a widget's comm messages into a busy kernel, and output into the asking cell.
 
+`click_delivery` says which way a click can take on the running kernel: the route below
+(ipykernel 7.4 and later), the frontend's own subshells (7.1 to 7.3), the asking cell's own
+reading of the shell socket (6.x, `shell_pump.py`), or none (7.0).
+
 While a cell runs synchronously, ipykernel 7.4 queues every shell message for the main
 shell behind it, so a click on a widget shown by that cell would arrive only after the cell
 ends. ipykernel 7.4 runs each kernel subshell (JEP 91) on its own thread and, before it
@@ -10,7 +14,7 @@ widget's comms at it: the click is then handled on that thread whatever the main
 doing (blocked in a synchronous cell, awaiting in an async one, or idle), and whatever the
 frontend's `commsOverSubshells` setting is, because the kernel decides the route.
 
-What this relies on, all present in ipykernel 7.4.x and checked by `check_support`:
+What this relies on, present from ipykernel 7.4 on and checked by `check_support`:
 `kernel.shell_channel_thread` (its `io_loop` and `manager`), the subshell manager's
 `_create_subshell` / `_delete_subshell` (they must run on the shell-channel thread), the
 comm hook `_reply_subshell_for`, and the kernel's `_shell_parent` / `_shell_parent_ident`
@@ -27,11 +31,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_IPYKERNEL = (7, 4)  # the series whose private routing API this module uses
+ROUTING_SINCE = (7, 4)  # the first ipykernel whose comms can name their reply's subshell
 
 
 class RoutingUnavailable(RuntimeError):
     """This kernel cannot deliver widget messages while a cell is busy."""
+
+
+def ipykernel_version() -> tuple[int, ...]:
+    """The running ipykernel's (major, minor), () if it is not importable."""
+    try:
+        import ipykernel
+    except ImportError:
+        return ()
+    return tuple(getattr(ipykernel, "version_info", ())[:2])
 
 
 def check_support(kernel: Any) -> None:
@@ -41,12 +54,10 @@ def check_support(kernel: Any) -> None:
         from ipykernel.comm.comm import BaseComm
     except ImportError as exc:
         raise RoutingUnavailable(f"ipykernel is not importable ({exc})") from None
-    version = tuple(getattr(ipykernel, "version_info", ())[:2])
-    if version != SUPPORTED_IPYKERNEL:
+    if ipykernel_version() < ROUTING_SINCE:
         raise RoutingUnavailable(
-            f"ipykernel {ipykernel.__version__} is not the "
-            f"{'.'.join(map(str, SUPPORTED_IPYKERNEL))}.x series whose subshell routing this "
-            "extension uses; install ipykernel>=7.4,<7.5"
+            f"ipykernel {ipykernel.__version__} cannot route a widget's messages to a subshell "
+            f"(ipykernel {'.'.join(map(str, ROUTING_SINCE))} or later can)"
         )
     channel = getattr(kernel, "shell_channel_thread", None)
     if channel is None:
@@ -70,6 +81,63 @@ def check_support(kernel: Any) -> None:
     ]
     if missing:
         raise RoutingUnavailable("this ipykernel lacks " + ", ".join(missing))
+
+
+@dataclass(frozen=True)
+class ClickDelivery:
+    """How a click on an approval widget reaches a cell that is busy waiting for it, on this
+    kernel: "kernel" (the kernel routes the widget to a subshell of its own), "frontend"
+    (only if the frontend sends comm messages over a subshell), "pump" (only when the cell
+    asks on its own thread, which reads the shell socket while it waits: `shell_pump.py`),
+    or "none" (it cannot: an approval is denied at once, saying why)."""
+
+    route: str
+    detail: str
+
+
+def click_delivery(kernel: Any) -> ClickDelivery:
+    """This kernel's `ClickDelivery`, judged from what it has (not from a list of versions)."""
+    version = ".".join(map(str, ipykernel_version())) or "?"
+    try:
+        check_support(kernel)
+    except RoutingUnavailable as exc:
+        why = str(exc)
+    else:
+        return ClickDelivery("kernel", f"ipykernel {version} routes the widget's clicks to a "
+                                       "subshell of its own: they reach a busy cell from any "
+                                       "frontend")
+    if ipykernel_version() >= (7, 1) and getattr(kernel, "shell_channel_thread", None):
+        return ClickDelivery(
+            "frontend",
+            f"ipykernel {version} handles comm messages on subshells: a click reaches a busy "
+            "cell where the frontend sends it over one (JupyterLab 4.4 or later does, by "
+            "default: commsOverSubshells); elsewhere the approval is denied when it times "
+            f"out. ipykernel {'.'.join(map(str, ROUTING_SINCE))} or later needs no frontend's "
+            "help")
+    if ipykernel_version() < (7,) and hasattr(kernel, "msg_queue"):
+        return ClickDelivery(
+            "pump",
+            f"ipykernel {version} queues a click behind the busy cell: a cell that asks on its "
+            "own thread (a file toolset's call written in the cell) reads its widget's "
+            "clicks while it waits, but an approval asked from another thread (every "
+            "%%sandbox cell's, an agent's worker) is denied at once, saying why; ipykernel "
+            f"{'.'.join(map(str, ROUTING_SINCE))} or later delivers every click (pip install "
+            "-U ipykernel)")
+    if ipykernel_version() >= ROUTING_SINCE:  # a kernel without subshells (in-process)
+        return ClickDelivery("none", f"{why}: an approval asked while a cell runs is denied "
+                                     "at once")
+    return ClickDelivery(
+        "none",
+        f"ipykernel {version} queues a click behind the busy cell, so an approval asked while "
+        "a cell runs is denied at once, saying why (answer it with a policy that does not "
+        f"ask, or use ipykernel {'.'.join(map(str, ROUTING_SINCE))} or later: pip install -U "
+        "ipykernel)")
+
+
+def shell_click_delivery(shell: Any) -> ClickDelivery | None:
+    """`click_delivery` of an IPython shell's kernel; None where it has none (a terminal)."""
+    kernel = getattr(shell, "kernel", None)
+    return None if kernel is None else click_delivery(kernel)
 
 
 @dataclass(frozen=True)
@@ -97,8 +165,12 @@ class CellParent:
         # check_support reports them when routing is actually needed.
         ident_var = getattr(kernel, "_shell_parent_ident", None)
         lookup = getattr(kernel, "_get_shell_context_var", None)
-        ident: Any = lookup(ident_var) if ident_var is not None and lookup is not None else b""
-        return cls(ident=ident, message=kernel.get_parent("shell") or {})
+        try:
+            ident: Any = lookup(ident_var) if ident_var is not None and lookup is not None else b""
+            message = kernel.get_parent("shell") or {}
+        except LookupError:  # ipykernel 7.0 leaves its variables unset outside a request
+            ident, message = b"", {}
+        return cls(ident=ident, message=message)
 
 
 class CellTracker:
@@ -139,6 +211,11 @@ class CellTracker:
             cell = self._running.get(threading.get_ident()) or self._running.get(self._main_thread)
         return cell if cell is not None else CellParent.of_current_context(self._kernel)
 
+    def main_busy(self) -> bool:
+        """Whether the main shell is running a cell (whose end a queued click waits for)."""
+        with self._lock:
+            return self._main_thread in self._running
+
     def is_running(self, cell: CellParent) -> bool:
         with self._lock:
             return self._running.get(cell.thread_id) is cell
@@ -157,6 +234,21 @@ def output_to(shell: Any, cell: CellParent) -> Iterator[None]:
         yield
     finally:
         shell.reset_thread_parent(tokens)
+
+
+def adopt_cell_parent(kernel: Any, cell: CellParent) -> None:
+    """Give the calling thread `cell` as its parent where the kernel has none for it.
+
+    ipykernel 7.0 keeps every parent (the kernel's, the shell's, its display publisher's and
+    output streams') in context variables that a thread it did not start lacks, so every
+    widget, display or comm message sent from such a thread (the approval widget from the
+    runner's thread, the gauges from the monitor's) raised LookupError. There, and only
+    there, `set_parent` sets them in this thread's own context: no other thread changes."""
+    try:
+        kernel.get_parent("shell")
+    except LookupError:
+        if cell.message:
+            kernel.set_parent(cell.ident, cell.message, "shell")
 
 
 def restore_default_parent(kernel: Any, cell: CellParent) -> None:

@@ -43,6 +43,7 @@ from ..policy.write_protected import kernel_workdirs
 from ..policy.models import CapabilityDeclaration, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
 from ..policy.parser import CapabilityParser
+from .kernel_routing import shell_click_delivery
 from .table import Table
 
 __all__ = ["SandboxCellError", "SandboxMagics", "Table"]
@@ -791,7 +792,11 @@ class SandboxMagics(Magics):
                 for name, on in report["layers"].items()]
         notes = [f"Host: {report['platform']}, Python {report['python']}, "
                  f"Landlock ABI {report['landlock_abi']}.",
-                 f"Sandboxed children run as {report['child_identity']}."]
+                 f"Sandboxed children run as {report['child_identity']}.",
+                 f"Sandbox homes: {report['home_space']}."]
+        delivery = shell_click_delivery(self.shell)
+        if delivery is not None:
+            notes.append(f"Approval clicks: {delivery.detail}.")
         if report["missing"]:
             notes.append("Missing: " + "; ".join(report["missing"]))
         notes += [f"Tier {tier}: {state}" for tier, state in report["tiers"].items()]

@@ -29,6 +29,9 @@ Message = dict[str, Any]
 LIVENESS = 60.0  # bound on every wait for the kernel; a healthy run needs far less
 
 _KERNEL_NAME = "sandbox-kernel-ext-test"
+# The kernel's interpreter: this venv's, or another environment's (another ipykernel and
+# IPython, with this package installed), as `tests/test_kernel_versions.py` runs these tests.
+KERNEL_PYTHON = os.environ.get("SANDBOX_TEST_KERNEL_PYTHON") or sys.executable
 
 
 def _parent_id(msg: Message) -> str | None:
@@ -51,6 +54,9 @@ class KernelSession:
         self.states: dict[str, dict[str, Any]] = {}  # widget model id -> synced state
         self._idle: set[str] = set()
         self._executed: list[str] = []
+        # Where clicks go: None, the main shell; a subshell's id, as JupyterLab 4.4 sends
+        # them on a kernel that handles comm messages there (ipykernel 7.1-7.3).
+        self.widget_subshell: str | None = None
 
     def close(self) -> None:
         self.client.stop_channels()
@@ -193,20 +199,38 @@ class KernelSession:
         assert model_id is not None, f"no button starting {description!r} under {root}"
         return model_id
 
-    def send_comm_msg(self, comm_id: str, data: dict[str, Any]) -> str:
-        """What a frontend sends for a widget: a comm_msg on the shell channel. Returns its
-        msg_id (the kernel reports busy/idle for it, so `wait_idle` works on it)."""
+    def send_comm_msg(self, comm_id: str, data: dict[str, Any],
+                      subshell_id: str | None = None) -> str:
+        """What a frontend sends for a widget: a comm_msg on the shell channel (addressed to
+        a kernel subshell, as JupyterLab 4.4's commsOverSubshells does, with `subshell_id`).
+        Returns its msg_id (the kernel reports busy/idle for it, so `wait_idle` works)."""
         msg = self.client.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
+        subshell_id = subshell_id or self.widget_subshell
+        if subshell_id is not None:
+            msg["header"]["subshell_id"] = subshell_id
         self.client.shell_channel.send(msg)
         return msg["header"]["msg_id"]
 
-    def click(self, root: str, description: str) -> str:
+    def create_subshell(self) -> str:
+        """A kernel subshell (JEP 91, ipykernel 7), asked on the control channel as
+        JupyterLab does; its id."""
+        msg = self.client.session.msg("create_subshell_request", {})
+        self.client.control_channel.send(msg)
+        deadline = time.monotonic() + LIVENESS
+        while time.monotonic() < deadline:
+            reply = self.client.get_control_msg(timeout=LIVENESS)
+            if _parent_id(reply) == msg["header"]["msg_id"]:
+                assert reply["content"]["status"] == "ok", reply["content"]
+                return reply["content"]["subshell_id"]
+        raise AssertionError("no create_subshell_reply")
+
+    def click(self, root: str, description: str, subshell_id: str | None = None) -> str:
         """ipywidgets 8's button click, as @jupyter-widgets/controls sends it."""
         return self.send_comm_msg(
-            self.button(root, description), {"method": "custom", "content": {"event": "click"}}
-        )
+            self.button(root, description), {"method": "custom", "content": {"event": "click"}},
+            subshell_id)
 
-    def acknowledge_render(self, root: str) -> str:
+    def acknowledge_render(self, root: str, subshell_id: str | None = None) -> str:
         """What the approval widget's anywidget view sends when it renders: anywidget's
         `model.send(content)` puts {"method": "custom", "content": content} on its comm."""
         ack = self.find(root, "AnyModel")
@@ -214,7 +238,8 @@ class KernelSession:
         # The view is js/render_ack.js, whose node test shows it sends exactly this.
         view = Path(__file__).resolve().parents[2] / "js" / "render_ack.js"
         assert self.states[ack]["_esm"] == view.read_text()
-        return self.send_comm_msg(ack, {"method": "custom", "content": {"event": "rendered"}})
+        return self.send_comm_msg(ack, {"method": "custom", "content": {"event": "rendered"}},
+                                  subshell_id)
 
     # ----------------------------------------------------------------- hygiene
     def settle(self) -> None:
@@ -229,14 +254,14 @@ class KernelSession:
 
 @contextlib.contextmanager
 def running_kernel() -> Iterator[KernelSession]:
-    """A fresh kernel on this venv's Python, shut down and cleaned up on exit."""
+    """A fresh kernel on `KERNEL_PYTHON`, shut down and cleaned up on exit."""
     home = Path(tempfile.mkdtemp(prefix="sbx-kernel-"))
     spec_dir = home / "kernels" / _KERNEL_NAME
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(
         json.dumps(
             {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "argv": [KERNEL_PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                 "display_name": "sandbox_kernel_ext tests",
                 "language": "python",
             }
@@ -286,6 +311,16 @@ def next_input_request(k: KernelSession) -> Message:
         raise AssertionError(f"no input_request within {LIVENESS:g} s") from None
     assert msg["msg_type"] == "input_request", msg
     return msg
+
+
+def click_route(k: KernelSession) -> str:
+    """How a click reaches a busy cell on this kernel (`kernel_routing.click_delivery`):
+    "kernel", "frontend", "pump" or "none"."""
+    return value(k, "__import__('sandbox_kernel_ext.notebook.kernel_routing', fromlist=['_'])"
+                    ".shell_click_delivery(get_ipython()).route")
+
+
+DENIED_AT_ONCE = "clicks cannot reach this kernel while the cell is busy"
 
 
 def value(k: KernelSession, expression: str) -> Any:

@@ -17,7 +17,7 @@ import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, SandboxManager, isolation_report
 from sandbox_kernel_ext.policy.file_limits import FileLimits
-from sandbox_kernel_ext.runner.launcher.sized_home import home_inodes
+from sandbox_kernel_ext.runner.trusted.disk_quota import home_inodes
 from sandbox_kernel_ext.runner.trusted.isolation import sized_homes_possible
 
 QUOTA = 2 * 1024 * 1024
@@ -156,3 +156,73 @@ def test_a_home_full_of_files_from_a_run_is_not_kept_on_disk_after_destroy() -> 
         assert stored == ([] if ON_TMPFS else [os.path.join(host_home, "f")])
         manager.destroy(sid)
         assert not os.path.exists(host_home)
+
+
+def test_a_quota_larger_than_memory_can_hold_keeps_the_home_on_disk() -> None:
+    """Found in review: the tmpfs's pages and inodes are the host's memory (outside
+    `max_memory_mb`), so a 100 GB quota made a home that could take all of it. A home whose
+    tmpfs could take more than a quarter of the memory available stays on disk."""
+    import psutil
+
+    huge = psutil.virtual_memory().total
+    with SandboxManager() as manager, pytest.warns(UserWarning, match="stays on disk"):
+        sid = manager.create_sandbox(CapabilityDeclaration(
+            file_limits=FileLimits(max_total_bytes=huge)))
+        assert manager._get(sid).home_mount is None
+        assert manager.run_python(sid, "print('on disk')").stdout == "on disk\n"
+
+
+def test_no_program_the_kernel_starts_inherits_a_home() -> None:
+    """Found in review: the home's descriptor came over the launcher's socket inheritable,
+    so `os.system("sleep 20 &")` in the kernel held a destroyed sandbox's home (its files
+    readable, its memory pinned) for as long as that program ran."""
+    import subprocess
+
+    def inherited() -> set[str]:
+        """What a program the kernel starts without closing descriptors holds."""
+        listing = subprocess.run(["/bin/sh", "-c", "ls -l /proc/$$/fd"], close_fds=False,
+                                 capture_output=True, text=True, check=True).stdout
+        held = {line.split()[-3]: line.split()[-1] for line in listing.splitlines()[1:]}
+        return {f"{fd} {what}" for fd, what in held.items() if fd not in ("1", "2")}
+
+    before = inherited()
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(_policy())
+        assert manager.run_python(sid, "print(1)").exit_code == 0
+        assert not os.get_inheritable(manager._get(sid).home_mount)
+        during = inherited()
+    assert during == before, during - before
+
+
+def test_an_interrupted_create_leaves_no_home_and_no_descriptor() -> None:
+    """Found in review: an interrupt while the launcher made the tmpfs left its descriptor
+    open for good (the late answer was kept) and the home's folder behind."""
+    import _thread
+    import signal
+    import threading
+    import time
+
+    from sandbox_kernel_ext.runner.trusted.plan import homes_folder
+
+    def descriptors() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    with SandboxManager() as manager:
+        manager.destroy(manager.create_sandbox(_policy()))  # the launcher runs from here on
+        homes_before = set(os.listdir(homes_folder()))
+        before = descriptors()
+        launcher = manager._launcher.pid
+        os.kill(launcher, signal.SIGSTOP)
+        try:
+            timer = threading.Timer(0.5, _thread.interrupt_main)
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                manager.create_sandbox(_policy())
+        finally:
+            os.kill(launcher, signal.SIGCONT)
+        deadline = time.monotonic() + 30  # the launcher's late answer, read and closed
+        while descriptors() != before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert descriptors() == before
+        assert set(os.listdir(homes_folder())) == homes_before
+        assert manager.run_python(manager.create_sandbox(_policy()), "print(2)").stdout == "2\n"

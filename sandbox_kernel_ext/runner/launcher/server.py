@@ -17,7 +17,7 @@ Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per m
                        {"op": "prepare", "key": K, "fds": [names]} + fds (a plan's memfd and
                        root's folders: a spare makes that view now, for the run that names K)
                        {"op": "discard", "key": K} (that view is stale, or its sandbox gone)
-                       {"op": "home", "id": N, "size": S} (a sandbox's home tmpfs)
+                       {"op": "home", "id": N, "size": S, "inodes": I} (a sandbox's home tmpfs)
   launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B}
                        + [pidfd] or [pidfd, CPU clock of the tree]
                        {"op": "failed", "id": N, "error": "..."}
@@ -402,10 +402,11 @@ class Launcher:
     def _answer_home(self, request: dict[str, Any]) -> None:
         """Make a sandbox's home tmpfs (`sized_home.py`) and send it, or why it cannot be."""
         try:
-            size = request.get("size")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise ValueError(f"not a size: {size!r}")
-            home = make_sized_home(size, uid=self.uid)
+            size, inodes = request.get("size"), request.get("inodes")
+            for name, number in (("size", size), ("inodes", inodes)):
+                if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+                    raise ValueError(f"not a {name}: {number!r}")
+            home = make_sized_home(size, inodes, uid=self.uid)
         except (OSError, ValueError) as exc:
             self._send({"op": "home", "id": request.get("id"), "error": str(exc)})
             return

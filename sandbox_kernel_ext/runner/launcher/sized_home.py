@@ -1,8 +1,9 @@
 """A sandbox's home as a tmpfs of its own, sized by its disk quota (made in the launcher).
 
 Where a sandbox has a disk quota, its home (also its TMPDIR) is a tmpfs that holds at most
-the quota's bytes and one file or folder per `HOME_INODE_BYTES` of it: a burst of writes or
-of empty files fails there with ENOSPC in Linux itself, before any walk could see it. The
+the quota's bytes and one file or folder per KiB of it (`disk_quota.home_inodes`, decided on
+the trusted side): a burst of writes or of empty files fails there with ENOSPC in Linux
+itself, before any walk could see it. The
 tmpfs is mounted nowhere on the host: the trusted side keeps its descriptor for the
 sandbox's life (its `statvfs` is the home's usage), and each run attaches a copy of it on
 the home's path in its own mount namespace, so every run and session of the sandbox sees the
@@ -23,33 +24,25 @@ import socket
 
 from ..linux.namespaces import CLONE_NEWNS, clone_mount, enter_namespaces, sized_tmpfs
 
-__all__ = ["HOME_INODE_BYTES", "home_inodes", "make_sized_home"]
+__all__ = ["make_sized_home"]
 
-# What each file or folder of a home tmpfs costs the quota, in kernel memory (an inode and
-# its dentry take about 1 KiB of slab): a 10 MB quota holds 10,240 of them.
-HOME_INODE_BYTES = 1024
 # How long the fork may take (a few milliseconds unless the host is starved).
 MAKE_TIMEOUT = 10.0
 
 
-def home_inodes(size: int) -> int:
-    """How many files and folders a home tmpfs of `size` bytes may hold."""
-    return max(size // HOME_INODE_BYTES, 16)
-
-
-def make_sized_home(size: int, *, uid: int | None) -> int:
-    """A detached tmpfs of `size` bytes (`home_inodes(size)` files), owned by `uid` (a root
+def make_sized_home(size: int, inodes: int, *, uid: int | None) -> int:
+    """A detached tmpfs of `size` bytes and `inodes` files, owned by `uid` (a root
     launcher's children's uid) or by the caller; OSError naming why it cannot be made."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the fork
         ours.close()
-        _make_and_send(theirs, size, uid)
+        _make_and_send(theirs, size, inodes, uid)
     theirs.close()
     try:
         ours.settimeout(MAKE_TIMEOUT)
         try:
-            message, fds, _, _ = socket.recv_fds(ours, 4096, 1)
+            message, fds, _, _ = socket.recv_fds(ours, 4096, 1, socket.MSG_CMSG_CLOEXEC)
         except TimeoutError:
             os.kill(pid, 9)
             raise OSError(errno.ETIMEDOUT, "making the home's tmpfs took too long") from None
@@ -63,12 +56,12 @@ def make_sized_home(size: int, *, uid: int | None) -> int:
         os.waitpid(pid, 0)
 
 
-def _make_and_send(sock: socket.socket, size: int, uid: int | None) -> None:
+def _make_and_send(sock: socket.socket, size: int, inodes: int, uid: int | None) -> None:
     """The fork's part: make the tmpfs, try one copy of it, send it; never returns."""
     try:
         if os.geteuid() != 0:
             enter_namespaces(CLONE_NEWNS, use_userns=True, seen_uid=0)
-        fd = sized_tmpfs(size, home_inodes(size), owner=uid)
+        fd = sized_tmpfs(size, inodes, owner=uid)
         try:
             os.close(clone_mount(fd))
         except OSError as exc:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["DiskQuota", "Usage", "measure", "mounts_used"]
+__all__ = ["DiskQuota", "HOME_INODE_BYTES", "Usage", "home_inodes", "measure", "mounts_used"]
 
 # The next walk waits at least this many times as long as the last one took, and at most
 # this long: a cell that slows the walks down (a flood of empty files) cannot buy itself a
@@ -39,6 +39,16 @@ _BURST_COST_FACTOR = 4
 # What each file or folder costs at least: an inode, even with no block (250,000 empty files
 # held no block but slowed every walk to a second).
 INODE_BYTES = 256
+
+
+# What each file or folder of a home's tmpfs costs the quota, in kernel memory (an inode and
+# its dentry take about 1 KiB of slab): a 10 MB quota's home holds 10,240 of them.
+HOME_INODE_BYTES = 1024
+
+
+def home_inodes(size: int) -> int:
+    """How many files and folders a home tmpfs of `size` bytes may hold."""
+    return max(size // HOME_INODE_BYTES, 16)
 
 
 def _pause_after(took: float) -> float:

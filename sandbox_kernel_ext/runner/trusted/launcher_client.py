@@ -194,9 +194,10 @@ class LauncherClient:
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
         return child
 
-    def sized_home(self, size: int) -> int:
-        """A new tmpfs of `size` bytes for a sandbox's home (`launcher/sized_home.py`), as a
-        detached mount the caller owns; SandboxError saying why where it cannot be made."""
+    def sized_home(self, size: int, inodes: int) -> int:
+        """A new tmpfs of `size` bytes and `inodes` files for a sandbox's home
+        (`launcher/sized_home.py`), as a detached mount the caller owns; SandboxError saying
+        why where it cannot be made."""
         reply = _HomeAnswer()
         with self._lock:
             if self._sock is None or self._process is None or self._process.poll() is not None:
@@ -207,15 +208,21 @@ class LauncherClient:
             self._pending[request_id] = reply
             assert self._sock is not None
             try:
-                send_message(self._sock, {"op": "home", "id": request_id, "size": size})
+                send_message(self._sock, {"op": "home", "id": request_id, "size": size,
+                                          "inodes": inodes})
             except OSError as exc:
                 self._pending.pop(request_id, None)
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
-        if not reply.exited.wait(timeout=START_TIMEOUT):
+        answered = False
+        try:
+            answered = reply.exited.wait(timeout=START_TIMEOUT)
+        finally:  # an interrupt included
             with self._lock:
-                self._pending.pop(request_id, None)
-            if reply.exited.is_set() and reply.mount >= 0:  # answered just now
+                self._pending.pop(request_id, None)  # an answer after this is closed unread
+            if not answered and reply.mount >= 0:  # answered just as we stopped waiting
                 os.close(reply.mount)
+                reply.mount = -1
+        if not answered:
             raise SandboxError("the sandbox launcher did not answer for the home's tmpfs")
         if reply.mount < 0:
             raise SandboxError(reply.error or "the sandbox launcher made no tmpfs")
@@ -245,6 +252,8 @@ class LauncherClient:
             data, fds = receive_message(sock)
             if not data:
                 break
+            for fd in fds:  # ours alone: no program the kernel starts may inherit one
+                os.set_inheritable(fd, False)
             message = json.loads(data)
             with self._lock:
                 child = self._pending.get(message.get("id"))

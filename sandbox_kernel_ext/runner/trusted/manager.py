@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import json
 import logging
 import mmap
@@ -30,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from ...approval.broker import ApprovalBroker
 from ...policy.egress import EgressFilter, RateLimiter
 from ...policy.errors import SandboxError
@@ -40,7 +43,7 @@ from ..linux.syscalls import no_core_dumps
 from ..wire import ChildPlan
 from .connect_broker import ConnectBroker
 from .control import CellEvents, ControlChannel, InputCallback
-from .disk_quota import DiskQuota
+from .disk_quota import HOME_INODE_BYTES, DiskQuota, home_inodes
 from .egress_proxy import EgressProxy
 from .gated_files import GatedFiles, GatedRoot, gated_roots
 from .isolation import (
@@ -74,6 +77,11 @@ EGRESS_LOG_LIMIT = 1000  # decisions kept per sandbox (counts are kept in full)
 DEFAULT_MAX_PAUSED = 600.0  # when the broker waits for ever: the most a run's clock stops
 _HANDOFF_TIMEOUT = 30.0  # for the child to hand over its proxy listener
 EXIT_GRACE = 10.0  # for a killed child's end to be reported
+
+
+# The most of the host's available memory (when a sandbox is made) its home's tmpfs may be
+# able to take, pages and inodes together; a larger quota keeps the home on disk.
+HOME_MEMORY_SHARE = 0.25
 
 
 @dataclass
@@ -209,14 +217,16 @@ class SandboxManager:
             os.chown(home, self.child_uid, self.child_uid)
         os.chmod(home, 0o700)
         quota = capability.file_limits.max_total_bytes
-        home_mount = self._sized_home(quota)
+        home_mount = None
         try:
+            home_mount = self._sized_home(quota)
             disk = None if quota is None else DiskQuota(
                 [*grants[1]] if home_mount is not None else [home, *grants[1]], quota,
                 mounts=[home_mount] if home_mount is not None else [])
-        except BaseException:
+        except BaseException:  # an interrupt too: nothing of this sandbox is left
             if home_mount is not None:
                 os.close(home_mount)
+            shutil.rmtree(home, ignore_errors=True)
             raise
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
@@ -227,20 +237,32 @@ class SandboxManager:
     def _sized_home(self, quota: int | None) -> int | None:
         """A tmpfs for a new sandbox's home (`launcher/sized_home.py`) of the quota's size in
         whole pages, so that the home alone can never pass the quota; or None: no quota (or
-        one under a page), or a host that cannot (the home is then on disk, under the quota's
-        walks: the first such sandbox warns, naming why)."""
+        one under a page), one whose tmpfs could take more of the host's memory than
+        `HOME_MEMORY_SHARE` of what is available now (its pages and its files' inodes are
+        memory, outside `max_memory_mb`), or a host that cannot (the home is then on disk,
+        under the quota's walks: the first such sandbox warns, naming why)."""
         size = (quota or 0) // mmap.PAGESIZE * mmap.PAGESIZE
         if not size or not sized_homes_possible():
             return None
-        try:
-            return self._launcher.sized_home(size)
-        except SandboxError as exc:
-            if not self._warned_home:
-                self._warned_home = True
-                warnings.warn(f"sandbox_kernel_ext: sandbox homes stay on disk ({exc}); a "
-                              "burst of writes there can pass the disk quota until the next "
-                              "walk", UserWarning, stacklevel=3)
+        needs = size + home_inodes(size) * HOME_INODE_BYTES
+        available = psutil.virtual_memory().available
+        if needs > available * HOME_MEMORY_SHARE:
+            self._warn_home(f"a home of {size:,} bytes and {home_inodes(size):,} files could "
+                            f"take {needs:,} bytes of memory, more than "
+                            f"{HOME_MEMORY_SHARE:.0%} of the {available:,} available")
             return None
+        try:
+            return self._launcher.sized_home(size, home_inodes(size))
+        except SandboxError as exc:
+            self._warn_home(str(exc))
+            return None
+
+    def _warn_home(self, why: str) -> None:
+        if not self._warned_home:
+            self._warned_home = True
+            warnings.warn(f"sandbox_kernel_ext: a sandbox home stays on disk ({why}); a burst "
+                          "of writes there can pass the disk quota until the next walk",
+                          UserWarning, stacklevel=4)
 
     def _make_owner_map(self) -> int | None:
         """A root kernel's unprivileged child sees root's granted folders as its own through
@@ -277,8 +299,16 @@ class SandboxManager:
         """The mounts a run's view attaches, as descriptors the launcher takes: root's folders
         shown as the child's ("tree N") and the home's tmpfs ("home")."""
         mounts = self._owner_mapped_trees(plan) if self._owner_map is not None else {}
-        if plan.sized_home is not None and sandbox.home_mount is not None:
-            mounts["home"] = os.dup(sandbox.home_mount)
+        home = sandbox.home_mount  # read once: destroy() may close it meanwhile
+        if plan.sized_home is not None:
+            try:
+                if home is None:
+                    raise OSError(errno.EBADF, "closed")
+                mounts["home"] = fcntl.fcntl(home, fcntl.F_DUPFD_CLOEXEC, 0)
+            except OSError:
+                for fd in mounts.values():
+                    os.close(fd)
+                raise SandboxError(f"sandbox {sandbox.sandbox_id} was destroyed") from None
         return mounts
 
     def _owner_mapped_trees(self, plan: ChildPlan) -> dict[str, int]:
