@@ -102,6 +102,9 @@ class ChildPlan:
     # The home's path, where the home is a tmpfs sized by the disk quota: the run brings a
     # descriptor of it ("home") and attaches a copy there (`launcher/sized_home.py`).
     sized_home: str | None = None
+    # The child's PID namespace's pid_max (Linux 6.14 makes it a namespace's own): a ceiling
+    # on its processes that binds root too, whom RLIMIT_NPROC does not (None: not set).
+    pid_max: int | None = None
 
     def view(self) -> str:
         """Everything a child's prepared view depends on (mounts, covers, Landlock rules), as
@@ -111,7 +114,7 @@ class ChildPlan:
                            self.owner_mapped, self.protected_paths, self.closed_folders,
                            self.list_everywhere, self.uid, self.gid, self.proxy_port,
                            self.view_stamp, self.private_proc, self.private_shm,
-                           self.sized_home],
+                           self.sized_home, self.pid_max],
                           sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:

@@ -37,7 +37,11 @@ def _in_container(profile: str, *command: str, timeout: float = 1800) -> subproc
 
 
 def _tail(done: subprocess.CompletedProcess, lines: int = 60) -> str:
-    return "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
+    """The end of what the suite printed, after the names of what failed (which a long list
+    of skips at the end would otherwise push out of view)."""
+    printed = (done.stdout + done.stderr).splitlines()
+    failed = [line for line in printed if line.startswith(("FAILED ", "ERROR "))]
+    return "\n".join([*failed, "...", *printed[-lines:]])
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -633,6 +633,31 @@ def _bind_on_itself(walk: _LinkFreeWalk, path: str, *, readonly: bool) -> None:
 KERNEL_SETTINGS_IN_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 
 
+def limit_pids(pid_max: int) -> None:
+    """Set this PID namespace's pid_max (Linux 6.14 gives each namespace its own; before,
+    the setting is the host's, which a user namespace may not change: EPERM, and the
+    process count rests on RLIMIT_NPROC and the monitor). Written only from a user
+    namespace of our own, so that it can never be the host's."""
+    if not _in_own_user_namespace():
+        return
+    try:
+        with open("/proc/sys/kernel/pid_max", "w") as setting:
+            setting.write(str(pid_max))
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EACCES, errno.EINVAL):
+            raise
+
+
+def _in_own_user_namespace() -> bool:
+    """Whether this process is in a user namespace of its own, not the host's (whose uid
+    map is every id as itself)."""
+    try:
+        with open("/proc/self/uid_map") as mapping:
+            return mapping.read().split() != ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
 def freeze_kernel_settings() -> None:
     for path in KERNEL_SETTINGS_IN_PROC:
         if not os.path.exists(path):
@@ -721,6 +746,8 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
     # that fails now is a layer the report claims and the run would lack, so it stops the run.
     if plan.private_proc:
         _mount_or_refuse("a private /proc", "proc", "/proc", "proc", None)
+        if plan.pid_max is not None:
+            limit_pids(plan.pid_max)
         freeze_kernel_settings()
     if plan.private_shm:
         _mount_or_refuse("a private /dev/shm", "tmpfs", "/dev/shm", "tmpfs",

@@ -259,6 +259,13 @@ def isolation_report() -> dict[str, Any]:
         "disk_quota": ("file_limits.max_total_bytes over what a sandbox adds to its writable "
                        "folders and home: timed walks (twenty times their cost apart, at most "
                        "5 s) and a kill past it; RLIMIT_FSIZE holds each file to what is left"),
+        "process_ceiling": (
+            "RLIMIT_NPROC (max_processes, per uid; root's uid is exempt), and the PID "
+            "namespace's own pid_max (302 + max_processes), which binds root's uid too"
+            if private_mounts()["proc"] and _linux_at_least(6, 14) else
+            "RLIMIT_NPROC (max_processes, per uid; root's uid is exempt: a child_uid=0 tree "
+            "is held by the monitor alone, so its first moments can take many of the host's "
+            "pids) and the monitor's count"),
         "home_space": (
             "a tmpfs of each sandbox's own, of the quota's size and one file per KiB of it: "
             "past either, writes there fail with ENOSPC (its pages are memory, outside the "

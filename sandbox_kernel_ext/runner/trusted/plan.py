@@ -648,7 +648,21 @@ def build_plan(
         # where the proxy cannot listen in a namespace of the child's own
         connect_by_notification=proxy_port is not None and not network_namespaces(),
         sized_home=home if sized_home else None,
+        pid_max=pid_ceiling(capability.resource_limits.max_processes) if mounts["proc"] else None,
     )
+
+
+# Linux hands out pids below this only until a namespace's numbers first wrap (RESERVED_PIDS):
+# a namespace's pid_max must lie above it, and past the wrap only the pids between it and
+# pid_max are left.
+LINUX_RESERVED_PIDS = 300
+
+
+def pid_ceiling(max_processes: int) -> int:
+    """The pid_max of a child's PID namespace: its first process, the policy's processes and
+    one more, above the numbers Linux keeps after the first wrap. A fork bomb of a child
+    that RLIMIT_NPROC does not bind (root's own uid) stops there, not at the host's pid_max."""
+    return LINUX_RESERVED_PIDS + max_processes + 2
 
 
 def _environment_and_command(capability: CapabilityDeclaration, kind: str, argv: list[str],

@@ -1,0 +1,65 @@
+"""A child's processes have a ceiling Linux enforces, for root's own uid too.
+
+RLIMIT_NPROC binds no process of root's uid, so a `child_uid=0` sandbox's fork bomb was held
+only by the monitor: on a loaded machine its first moments took every pid the host had
+(other processes' forks failed with EAGAIN, the test suite's own shell among them). The
+child's PID namespace now has a pid_max of its own (Linux 6.14): past it, fork fails with
+EAGAIN inside the sandbox, and the host keeps its pids.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox_kernel_ext import CapabilityDeclaration, ResourceLimits, SandboxManager
+from sandbox_kernel_ext.runner.trusted.isolation import private_mounts
+from sandbox_kernel_ext.runner.trusted.plan import pid_ceiling
+
+MAX_PROCESSES = 20
+# Children that cost almost nothing (sleep, not a forked interpreter), so that the memory
+# budget does not end the run before the ceiling is reached.
+BOMB = r"""
+import errno, os
+made = 0
+try:
+    while made < 5000:
+        pid = os.fork()
+        if pid == 0:
+            os.execv("/bin/sleep", ["sleep", "30"])
+        made += 1
+except OSError as exc:
+    print(errno.errorcode[exc.errno], made)
+"""
+
+
+def _linux_at_least(major: int, minor: int) -> bool:
+    release = os.uname().release.split("-")[0].split(".")
+    return (int(release[0]), int(release[1])) >= (major, minor)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="child_uid=0 is a root kernel's choice")
+@pytest.mark.skipif(not private_mounts()["proc"], reason="no /proc of the child's own here")
+@pytest.mark.skipif(not _linux_at_least(6, 14), reason="pid_max is the host's before Linux 6.14")
+def test_a_root_childs_fork_bomb_stops_at_its_namespaces_ceiling() -> None:
+    policy = CapabilityDeclaration(resource_limits=ResourceLimits(
+        max_processes=MAX_PROCESSES, max_memory_mb=2048))
+    # A monitor that looks once an hour stands for one that a loaded machine starves: what
+    # holds the bomb then is Linux alone.
+    with SandboxManager(child_uid=0, monitor_interval=3600) as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, BOMB, timeout=60)
+        ceiling = manager.run_python(sid, "print(open('/proc/sys/kernel/pid_max').read())")
+    assert ceiling.stdout.strip() == str(pid_ceiling(MAX_PROCESSES))
+    refusal, made = result.stdout.split()
+    assert refusal == "EAGAIN" and int(made) < pid_ceiling(MAX_PROCESSES), result
+
+
+def test_an_unprivileged_childs_fork_bomb_stops_at_its_rlimit() -> None:
+    policy = CapabilityDeclaration(resource_limits=ResourceLimits(max_processes=MAX_PROCESSES))
+    with SandboxManager() as manager:
+        sid = manager.create_sandbox(policy)
+        result = manager.run_python(sid, BOMB, timeout=60)
+    refusal, made = result.stdout.split()
+    assert refusal == "EAGAIN" and int(made) < MAX_PROCESSES, result
