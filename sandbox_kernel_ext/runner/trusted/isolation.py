@@ -224,6 +224,28 @@ def _child_identity() -> str:
             "uid can trace)")
 
 
+def _process_ceiling() -> str:
+    """What bounds the number of a child's processes on this host (the report's words)."""
+    return ("RLIMIT_NPROC (max_processes, per uid; root's uid is exempt), and the PID "
+            "namespace's own pid_max (302 + max_processes), which binds root's uid too"
+            if private_mounts()["proc"] and _linux_at_least(6, 14) else
+            "RLIMIT_NPROC (max_processes, per uid; root's uid is exempt: a child_uid=0 tree "
+            "is held by the monitor alone, so its first moments can take many of the host's "
+            "pids) and the monitor's count")
+
+
+def _home_space() -> str:
+    """Where a sandbox's home lives on this host (the report's words)."""
+    return ("a tmpfs of each sandbox's own, of the quota's size and one file per KiB of it: "
+            "past either, writes there fail with ENOSPC (its pages are memory, outside the "
+            "memory budget but within the quota; a quota whose tmpfs could take more than a "
+            "quarter of the memory available keeps its home on disk, under the quota's "
+            "walks)" if sized_homes_possible() else
+            "a folder on the host's disk, under the quota's walks: a burst of writes can pass "
+            "the quota until the next walk (this host cannot give a child a tmpfs copy of "
+            "its own: that needs mounts in its namespace and Linux 6.15)")
+
+
 def isolation_report() -> dict[str, Any]:
     """Which confinement layers this host gives a sandboxed process, and which it lacks."""
     linux = sys.platform.startswith("linux")
@@ -259,20 +281,8 @@ def isolation_report() -> dict[str, Any]:
         "disk_quota": ("file_limits.max_total_bytes over what a sandbox adds to its writable "
                        "folders and home: timed walks (twenty times their cost apart, at most "
                        "5 s) and a kill past it; RLIMIT_FSIZE holds each file to what is left"),
-        "process_ceiling": (
-            "RLIMIT_NPROC (max_processes, per uid; root's uid is exempt), and the PID "
-            "namespace's own pid_max (302 + max_processes), which binds root's uid too"
-            if private_mounts()["proc"] and _linux_at_least(6, 14) else
-            "RLIMIT_NPROC (max_processes, per uid; root's uid is exempt: a child_uid=0 tree "
-            "is held by the monitor alone, so its first moments can take many of the host's "
-            "pids) and the monitor's count"),
-        "home_space": (
-            "a tmpfs of each sandbox's own, of the quota's size and one file per KiB of it: "
-            "past either, writes there fail with ENOSPC (its pages are memory, outside the "
-            "memory budget but within the quota)" if sized_homes_possible() else
-            "a folder on the host's disk, under the quota's walks: a burst of writes can pass "
-            "the quota until the next walk (this host cannot give a child a tmpfs copy of "
-            "its own: that needs mounts in its namespace and Linux 6.15)"),
+        "process_ceiling": _process_ceiling(),
+        "home_space": _home_space(),
         "process_view": (
             "a /proc of the child's own PID namespace" if private_mounts()["proc"] else
             "the host's /proc, of which Landlock lets a child read its first process's own "

@@ -588,13 +588,7 @@ def build_plan(
         # before the rest of the plan: the notebook layer asks first for the notebook's folder
         raise UnreadableWorkdirError(f"working directory {os.path.realpath(cwd)} is not "
                                      "readable under this policy")
-    if pinned is not None and (readable, writable) != pinned:
-        moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
-        raise SandboxError(
-            "a policy path resolves somewhere else than when the sandbox was created "
-            f"(now {', '.join(moved) or 'a different set'}): was a folder replaced by a symlink? "
-            "Refusing to run; create a new sandbox if the change is intended"
-        )
+    _refuse_moved(readable, writable, pinned)
     readable, writable, named = _own_stores_win(own, readable, writable, explicit_grants(capability))
     granted, granted_reads = policy_grants(readable, writable), readable
     if not hidden_by_mounts():
@@ -616,16 +610,9 @@ def build_plan(
                                      "policy")
     owner_mapped = owner_mapped_paths(granted, runtime_read_set()) if owner_mapping else []
     mounts = private_mounts()
-    if not mounts["dev_shm"] and writable and os.path.isdir("/dev/shm"):
-        # multiprocessing's semaphores, for a policy that may write at all: the host's /dev/shm,
-        # shared, and outside the quota (the report says so)
-        write_paths.append("/dev/shm")
-    write_paths = list(dict.fromkeys(write_paths))
-    # A view prepared ahead binds and rules these by inode: one replaced since is a new view.
-    versions: list[object] = [_identity(path) for path
-                              in (*read_paths, *write_paths, *owner_mapped, *protected)]
-    versions += [_listing_identity(folder) for folder in closed]  # whose subfolders it rules
-    present = present_hidden(hidden, versions)  # adds the hidden folders' and entries'
+    write_paths = list(dict.fromkeys([*write_paths, *_host_shm(writable, mounts["dev_shm"])]))
+    present, stamp = _view_state(hidden, [*read_paths, *write_paths, *owner_mapped, *protected],
+                                 closed)
     return ChildPlan(
         kind=kind,
         argv=argv,
@@ -638,7 +625,7 @@ def build_plan(
         gid=gid,
         proxy_port=proxy_port,
         hidden_paths=present,
-        view_stamp=view_stamp(versions),
+        view_stamp=stamp,
         owner_mapped=owner_mapped,
         protected_paths=protected if hidden_by_mounts() else [],
         closed_folders=closed,
@@ -663,6 +650,36 @@ def pid_ceiling(max_processes: int) -> int:
     one more, above the numbers Linux keeps after the first wrap. A fork bomb of a child
     that RLIMIT_NPROC does not bind (root's own uid) stops there, not at the host's pid_max."""
     return LINUX_RESERVED_PIDS + max_processes + 2
+
+
+def _host_shm(writable: list[str], private_shm: bool) -> list[str]:
+    """The host's /dev/shm as a write path where the child has none of its own and the policy
+    may write at all: multiprocessing's semaphores (shared, and outside the quota: the
+    report says so)."""
+    return ["/dev/shm"] if not private_shm and writable and os.path.isdir("/dev/shm") else []
+
+
+def _view_state(hidden: dict[str, list[str]], paths: list[str], closed: list[str]
+                ) -> tuple[dict[str, list[str]], str]:
+    """The hidden paths present now, and the stamp of everything a view prepared ahead binds
+    and rules by inode (`paths`, and the listings of the `closed` folders, whose subfolders
+    it rules): one replaced since makes a new view."""
+    versions: list[object] = [_identity(path) for path in paths]
+    versions += [_listing_identity(folder) for folder in closed]
+    present = present_hidden(hidden, versions)  # adds the hidden folders' and entries'
+    return present, view_stamp(versions)
+
+
+def _refuse_moved(readable: list[str], writable: list[str],
+                  pinned: tuple[list[str], list[str]] | None) -> None:
+    """A grant that resolves elsewhere than when the sandbox was made refuses the run."""
+    if pinned is not None and (readable, writable) != pinned:
+        moved = sorted(set(readable + writable) - set(pinned[0] + pinned[1]))
+        raise SandboxError(
+            "a policy path resolves somewhere else than when the sandbox was created "
+            f"(now {', '.join(moved) or 'a different set'}): was a folder replaced by a symlink? "
+            "Refusing to run; create a new sandbox if the change is intended"
+        )
 
 
 def _environment_and_command(capability: CapabilityDeclaration, kind: str, argv: list[str],
