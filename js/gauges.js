@@ -12,7 +12,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({ warn: 0.75, danger: 0.9 });
 
 const MISSING = "—";
 // After the time a run spent waiting for a person, which its timeout does not count.
-export const WAIT_WORDS = "waiting for approval, not counted";
+export const WAIT_WORDS = "waiting for your answer, not counted";
 
 function isNumber(x) {
   return typeof x === "number" && Number.isFinite(x);

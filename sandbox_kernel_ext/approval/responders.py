@@ -12,6 +12,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import Protocol, TextIO, runtime_checkable
 
+from ..policy.wording import byte_count
 from .request import ApprovalDecision, ApprovalRequest, Decision
 
 
@@ -195,7 +196,7 @@ class TerminalResponder:
 
     @staticmethod
     def _describe(request: ApprovalRequest) -> str:
-        size = "" if request.size is None else f" ({request.size:,} bytes)"
+        size = "" if request.size is None else f" ({byte_count(request.size)})"
         lines = [
             f"\nApproval needed ({printable(request.source)}): "
             f"{request.operation} '{printable(request.path)}'{size}"

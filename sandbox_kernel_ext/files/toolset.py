@@ -48,6 +48,7 @@ from ..policy.file_limits import FileLimits
 from ..policy.models import CapabilityDeclaration
 from ..policy.path_config import PathConfig, SandboxConfig
 from ..policy.sandbox import Sandbox, VirtualPath
+from ..policy.wording import byte_count
 from ..policy.write_protected import WriteGuard
 from .call_approval import CallApproval, call_key, leave_ticket, take_ticket
 from .byte_streams import CHUNK, capped_lines, copy_at_most, read_chunks, looks_binary
@@ -472,7 +473,7 @@ class FileSystemToolset:
             path=str(vp),
             bytes_written=len(data),
             created=old is None,
-            summary=f"{verb} {vp} ({len(data):,} bytes).",
+            summary=f"{verb} {vp} ({byte_count(len(data))}).",
         )
 
     def _existing_file(self, vp: VirtualPath) -> EntryInfo | None:
@@ -526,7 +527,7 @@ class FileSystemToolset:
         if info is None:
             raise PathNotFoundError(str(vp))
         self._check_size(vp, config, info.size)
-        self._approve("read", vp, "read", info.size, f"open for reading, {info.size:,} bytes")
+        self._approve("read", vp, "read", info.size, f"open for reading, {byte_count(info.size)}")
         f, info = self._open_read(vp)
         with f:
             self._check_size(vp, config, info.size)
@@ -549,7 +550,7 @@ class FileSystemToolset:
         try:
             if keep_content and old is not None:
                 self._approve("read", vp, "read", old.size,
-                              f"open for updating, {old.size:,} bytes (its content is read)")
+                              f"open for updating, {byte_count(old.size)} (its content is read)")
                 f, info = self._open_read(vp)
                 with f:
                     self._check_write_size(vp, config, info.size)
@@ -602,7 +603,7 @@ class FileSystemToolset:
                 os.close(snapshot)
         verb = "Created" if old is None else "Overwrote"
         return WriteResult(path=str(vp), bytes_written=copied, created=old is None,
-                           summary=f"{verb} {vp} ({copied:,} bytes).")
+                           summary=f"{verb} {vp} ({byte_count(copied)}).")
 
     def _read_text(self, vp: VirtualPath, config: PathConfig, what: str) -> tuple[str, EntryInfo]:
         """A whole (size-checked) text file, read in chunks under the time budget."""
@@ -628,12 +629,12 @@ class FileSystemToolset:
             return ""
         if old is None or old.kind != "file":
             head = data[:_PREVIEW_CHARS]
-            preview = f"new file, {size:,} bytes:\n{head.decode('utf-8', errors='replace')}"
+            preview = f"new file, {byte_count(size)}:\n{head.decode('utf-8', errors='replace')}"
             if size > len(head):
                 preview += f"\n[… preview ends here: {size - len(head):,} more bytes not shown]"
             return preview
         if old.size > _DIFF_BYTES or size > _DIFF_BYTES:
-            return (f"replaces {old.size:,} bytes with {size:,} bytes "
+            return (f"replaces {byte_count(old.size)} with {byte_count(size)} "
                     f"(a diff is shown only for files up to {_DIFF_BYTES:,} bytes)")
         with self._io(vp):
             f, _ = self._open_read(vp)
@@ -681,7 +682,7 @@ class FileSystemToolset:
     def delete_file(self, path: str) -> ChangeResult:
         vp, _ = self._prepare(path, "write")
         info = self._file_entry(vp, "write", "delete")
-        self._approve("delete", vp, "write", info.size, f"delete {info.size:,} bytes")
+        self._approve("delete", vp, "write", info.size, f"delete {byte_count(info.size)}")
         with self._path_lock(vp):
             info = self._file_entry(vp, "write", "delete")
             with self._io(vp):

@@ -36,6 +36,7 @@ from ..approval.responders import (
     TerminalResponder,
     printable,
 )
+from ..policy.wording import byte_count
 from .assets import js_asset
 from .kernel_routing import (
     CellParent,
@@ -98,7 +99,7 @@ class RenderAck(anywidget.AnyWidget):
 def _size(request: ApprovalRequest) -> str:
     if request.size is None:
         return ""
-    return f" ({request.size:,} byte{'' if request.size == 1 else 's'})"
+    return f" ({byte_count(request.size)})"
 
 
 def _describe(request: ApprovalRequest) -> str:

@@ -42,7 +42,7 @@ _SUMMARY_KEYS = ("peak_processes", *_EGRESS_KEYS)
 LIMIT_KEYS = ("memory_mb", "cpu_seconds", "timeout_seconds", "tokens", "cost_usd")
 THRESHOLDS = {"warn": 0.75, "danger": 0.9}
 # After the time a run spent waiting for a person, which its timeout does not count.
-WAIT_WORDS = "waiting for approval, not counted"
+WAIT_WORDS = "waiting for your answer, not counted"
 
 
 def _number(where: str, key: str, value: Any) -> float | int:

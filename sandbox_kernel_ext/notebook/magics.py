@@ -945,7 +945,8 @@ def _outcome(result: SandboxResult) -> str:
     if result.killed is not None:
         return f"killed: {result.killed}"
     if result.error is not None:
-        return f"failed: {result.error.get('ename', 'error')}"
+        ename = result.error.get("ename", "error")
+        return "interrupted" if ename == "KeyboardInterrupt" else f"failed: {ename}"
     return "finished" if result.exit_code == 0 else f"failed: exit code {result.exit_code}"
 
 
