@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,3 +30,21 @@ def manager() -> Iterator[object]:
 
     with SandboxManager() as m:
         yield m
+
+
+@pytest.fixture(autouse=True)
+def interrupts_reach_python() -> Iterator[None]:
+    """Tests that interrupt themselves (SIGINT, `_thread.interrupt_main`) need Python's own
+    handler, which a shell does not give a job it starts in the background (SIGINT ignored
+    there, so Python leaves it so): the suite run from a script beside other work then
+    failed them. Each test gets the handler a terminal's Python has, and the old one back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

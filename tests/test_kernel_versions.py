@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# (ipykernel, IPython, the tests run against it): the oldest supported 6.x (clicks read by
+# (ipykernel, IPython, how a click reaches a busy cell there, the tests run against it): the
+# oldest supported 6.x (clicks read by
 # the asking cell itself), 7.0 (whose threads had no parent: no click reaches a busy cell),
 # one of 7.1-7.3 (clicks through the frontend's subshells), with both IPythons. What the
 # kernel's version changes: loading, status, a sandboxed cell and its gauges, an approval
@@ -32,7 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 RANGE = ["tests/notebook/test_kernel_range.py", "tests/notebook/test_gauges.py",
          "tests/notebook/test_magics.py::test_gauges_move_while_running_and_freeze_after"]
 CLICKS = ["tests/notebook/test_approval_widget.py"]
-MATRIX = [("6.29.5", 8, RANGE + CLICKS), ("7.0.1", 9, RANGE), ("7.3.0", 8, RANGE + CLICKS)]
+MATRIX = [("6.29.5", 8, "pump", RANGE + CLICKS), ("7.0.1", 9, "none", RANGE),
+          ("7.3.0", 8, "frontend", RANGE + CLICKS)]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -68,15 +70,16 @@ def _environment(folder: Path, ipykernel: str, ipython: int) -> Path:
     return python
 
 
-@pytest.mark.parametrize(("ipykernel", "ipython", "tests"), MATRIX)
+@pytest.mark.parametrize(("ipykernel", "ipython", "route", "tests"), MATRIX)
 def test_the_kernel_facing_tests_pass_on(environments: Path, ipykernel: str, ipython: int,
-                                         tests: list[str]) -> None:
+                                         route: str, tests: list[str]) -> None:
     python = _environment(environments, ipykernel, ipython)
     found = subprocess.run([str(python), "-c", "import ipykernel, IPython; "
                             "print(ipykernel.__version__, IPython.__version__)"],
                            capture_output=True, text=True, check=True).stdout.split()
     assert found[0] == ipykernel and found[1].split(".")[0] == str(ipython), found
-    env = {**os.environ, "SANDBOX_TEST_KERNEL_PYTHON": str(python)}
+    env = {**os.environ, "SANDBOX_TEST_KERNEL_PYTHON": str(python),
+           "SANDBOX_TEST_EXPECTED_ROUTE": route}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])

@@ -58,7 +58,9 @@ _logger = logging.getLogger(__name__)
 # {"method": "custom", "content": {"event": "rendered"}} on the acknowledging widget's comm
 # (js/render_ack.js).
 RENDERED_EVENT = "rendered"
-# How often a cell that reads its own clicks (ipykernel 6.x) looks at the shell socket.
+# How often a cell that reads its own clicks (ipykernel 6.x) looks at the shell socket, and
+# one whose render acknowledgement came through the frontend's subshell (7.1-7.3) looks
+# whether it must take its parent back.
 PUMP_INTERVAL = 0.05
 
 _OUTCOME = {
@@ -322,9 +324,10 @@ class WidgetResponder:
         widget = ApprovalWidget(request, timeout)
         handle: DisplayHandle | None = None
         decision: ApprovalDecision | None = None
-        pump = self._pump()
+        pump = self._pump(widget)
         try:
             why_not = self._why_nobody_can_answer(cell, widget, pump)
+            self._restore_parent(cell)  # a message just handled on a subshell is not the cell
             handle = self._show(widget, cell)
             if why_not is None:
                 decision, why_not = self._wait(widget, timeout, cell, pump)
@@ -352,12 +355,15 @@ class WidgetResponder:
         the main thread is the one asking (from a cell, or a callback of the kernel's)."""
         return threading.current_thread() is threading.main_thread() or self._cells.main_busy()
 
-    def _pump(self) -> ShellPump | None:
+    def _pump(self, widget: ApprovalWidget) -> ShellPump | None:
         """The reader of the shell socket this wait needs and can have: ipykernel 6.x, the
-        main shell busy, and this the main thread (`shell_pump.py`); else None."""
+        main thread asking while the kernel's loop is not waiting for messages, that is from
+        a cell (`shell_pump.py`); else None."""
         if self.delivery.route != "pump" or not self._main_shell_busy():
             return None
-        return ShellPump(self.kernel) if ShellPump.possible(self.kernel) else None
+        if not ShellPump.possible(self.kernel):
+            return None
+        return ShellPump(self.kernel, lambda: {comm.comm_id for comm, _ in widget.routes()})
 
     def _record(
         self,
@@ -443,6 +449,8 @@ class WidgetResponder:
             if pump is not None:  # this thread is the one that reads the clicks
                 pump.pump()
                 step = min(step, PUMP_INTERVAL)
+            elif not restored_after_render and self.delivery.route == "frontend":
+                step = min(step, PUMP_INTERVAL)  # the ack took the parent: give it back soon
             widget.answered.wait(max(step, 0.0))
 
     @staticmethod

@@ -106,6 +106,8 @@ def click_delivery(kernel: Any) -> ClickDelivery:
         return ClickDelivery("kernel", f"ipykernel {version} routes the widget's clicks to a "
                                        "subshell of its own: they reach a busy cell from any "
                                        "frontend")
+    # 7.0 has subshells too, but its threads have no parent (`adopt_cell_parent`), and a
+    # frontend's routing was not tried there: it is told it has none.
     if ipykernel_version() >= (7, 1) and getattr(kernel, "shell_channel_thread", None):
         return ClickDelivery(
             "frontend",
@@ -166,7 +168,12 @@ class CellParent:
         ident_var = getattr(kernel, "_shell_parent_ident", None)
         lookup = getattr(kernel, "_get_shell_context_var", None)
         try:
-            ident: Any = lookup(ident_var) if ident_var is not None and lookup is not None else b""
+            if ident_var is not None and lookup is not None:
+                ident: Any = lookup(ident_var)
+            else:  # 6.x keeps it by channel; 7.0 in a context variable (where input() reads it)
+                legacy = getattr(kernel, "_parent_ident", None)
+                ident = (legacy.get("shell", b"") if isinstance(legacy, dict) else
+                         ident_var.get() if ident_var is not None else b"")
             message = kernel.get_parent("shell") or {}
         except LookupError:  # ipykernel 7.0 leaves its variables unset outside a request
             ident, message = b"", {}
@@ -186,6 +193,7 @@ class CellTracker:
         self._shell = kernel.shell
         self._lock = threading.Lock()
         self._running: dict[int, CellParent] = {}
+        self._last: CellParent | None = None  # the latest cell started, running or not
         self._main_thread = threading.main_thread().ident
         self._shell.events.register("pre_run_cell", self._started)
         self._shell.events.register("post_run_cell", self._finished)
@@ -199,6 +207,7 @@ class CellTracker:
         cell = CellParent.of_current_context(self._kernel)
         with self._lock:
             self._running[cell.thread_id] = cell
+            self._last = cell
 
     def _finished(self, result: object = None) -> None:
         with self._lock:
@@ -206,10 +215,15 @@ class CellTracker:
 
     def current(self) -> CellParent:
         """The calling thread's own cell, else the main shell's running cell, else what the
-        kernel would use as parent from this thread."""
+        kernel would use as parent from this thread, else (a thread the kernel gives none,
+        on ipykernel 7.0) the latest cell."""
         with self._lock:
             cell = self._running.get(threading.get_ident()) or self._running.get(self._main_thread)
-        return cell if cell is not None else CellParent.of_current_context(self._kernel)
+            last = self._last
+        if cell is not None:
+            return cell
+        cell = CellParent.of_current_context(self._kernel)
+        return cell if cell.message or last is None else last
 
     def main_busy(self) -> bool:
         """Whether the main shell is running a cell (whose end a queued click waits for)."""
@@ -224,7 +238,8 @@ class CellTracker:
 @contextlib.contextmanager
 def output_to(shell: Any, cell: CellParent) -> Iterator[None]:
     """Send display and print output of the calling thread to `cell`, whichever thread
-    this is (ZMQInteractiveShell.set_thread_parent, public since ipykernel 6.27)."""
+    this is (ZMQInteractiveShell.set_thread_parent, ipykernel 7.4; before, nothing is
+    done: `adopt_cell_parent` and `restore_default_parent` keep the parent instead)."""
     set_thread_parent = getattr(shell, "set_thread_parent", None)
     if set_thread_parent is None or not cell.message:
         yield
@@ -237,18 +252,24 @@ def output_to(shell: Any, cell: CellParent) -> Iterator[None]:
 
 
 def adopt_cell_parent(kernel: Any, cell: CellParent) -> None:
-    """Give the calling thread `cell` as its parent where the kernel has none for it.
+    """Give the calling thread `cell` as its parent where the kernel would not (7.0).
 
     ipykernel 7.0 keeps every parent (the kernel's, the shell's, its display publisher's and
     output streams') in context variables that a thread it did not start lacks, so every
     widget, display or comm message sent from such a thread (the approval widget from the
-    runner's thread, the gauges from the monitor's) raised LookupError. There, and only
-    there, `set_parent` sets them in this thread's own context: no other thread changes."""
+    runner's thread, the gauges from the monitor's) raised LookupError; and a thread that
+    lives across cells (a session's) kept the first cell's. There, and only there,
+    `set_parent` sets them in this thread's own context (7.0's streams also take it as the
+    parent of threads that have none of their own: output nobody addressed)."""
+    if (ipykernel_version() != (7, 0) or not cell.message
+            or threading.current_thread() is threading.main_thread()):  # it has the kernel's
+        return
     try:
-        kernel.get_parent("shell")
+        current = kernel.get_parent("shell") or {}
     except LookupError:
-        if cell.message:
-            kernel.set_parent(cell.ident, cell.message, "shell")
+        current = {}
+    if current.get("header", {}).get("msg_id") != cell.msg_id:
+        kernel.set_parent(cell.ident, cell.message, "shell")
 
 
 def restore_default_parent(kernel: Any, cell: CellParent) -> None:

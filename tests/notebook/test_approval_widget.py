@@ -123,6 +123,50 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
     assert "skx-approval-chosen" in k.states[k.button(root, "Approve")]["_dom_classes"]
 
 
+def test_an_interrupt_while_idle_after_an_approval_keeps_the_kernel(
+    k: KernelSession, tmp_path: Path
+) -> None:
+    """Found in review: on ipykernel 6 the click read by the waiting cell went through the
+    kernel's whole dispatch, whose hooks left the cell's SIGINT handler installed for idle
+    time, so an interrupt between cells ended the kernel's process."""
+    if click_route(k) != "pump":
+        pytest.skip("only ipykernel 6's cell reading its own clicks goes near SIGINT")
+    msg_id, root = ask(k, f"""
+        tk = toolset({str(tmp_path)!r}, responder)
+        tk.write("/data/before_the_interrupt.txt", "x")
+        """)
+    k.click(root, "Approve")
+    k.wait_idle(msg_id)
+    assert k.error(msg_id) is None
+    k.manager.interrupt_kernel()  # idle now
+    assert k.manager.is_alive()
+    assert k.text(k.run("print('still here')")) == "still here\n"
+
+
+def test_another_widgets_click_waits_for_the_cell_as_it_always_did(
+    k: KernelSession, tmp_path: Path
+) -> None:
+    """Only the pending approval's own messages are read while the cell waits (ipykernel
+    6): another widget's callback runs after the cell, as it does without an approval,
+    not inside it with its output lost."""
+    if click_route(k) == "frontend":  # JupyterLab 4.4 sends every widget's clicks there
+        return
+    shown = k.run("import ipywidgets\nother = ipywidgets.Button(description='Other')\n"
+                  "other.on_click(lambda _b: print('other clicked'))\ndisplay(other)")
+    [other] = k.displayed_models(shown)
+    msg_id, root = ask(k, f"""
+        tk = toolset({str(tmp_path)!r}, responder)
+        tk.write("/data/with_another_widget.txt", "x")
+        print("cell done")
+        """)
+    clicked = k.click(other, "Other")
+    k.click(root, "Approve")
+    k.wait_idle(clicked)
+    assert k.error(msg_id) is None and "cell done" in k.text(msg_id)
+    assert "other clicked" not in k.text(msg_id)
+    assert k.status_index(msg_id, "idle") < k.status_index(clicked, "busy")
+
+
 def test_deny_raises_a_permission_error_and_writes_nothing(
     k: KernelSession, tmp_path: Path
 ) -> None:

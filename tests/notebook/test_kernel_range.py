@@ -17,6 +17,7 @@ arrives while a cell is busy decides what each test expects (`click_delivery`):
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,13 @@ def k(fresh: tuple[KernelSession, str]) -> Iterator[KernelSession]:
 
 def route(k: KernelSession) -> str:
     return value(k, f"{ROUTE}.route")
+
+
+def test_the_route_is_the_one_this_version_has(k: KernelSession) -> None:
+    """What each version can do, pinned from outside the code that judges it (the matrix
+    of `tests/test_kernel_versions.py` names it; this venv's kernel is the newest)."""
+    expected = os.environ.get("SANDBOX_TEST_EXPECTED_ROUTE", "kernel")
+    assert route(k) == expected, value(k, f"{ROUTE}.detail")
 
 
 def test_load_ext_says_ahead_when_a_click_may_not_arrive(fresh: tuple[KernelSession, str]
