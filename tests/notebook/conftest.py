@@ -16,6 +16,7 @@ import queue
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -311,6 +312,18 @@ def next_input_request(k: KernelSession) -> Message:
         raise AssertionError(f"no input_request within {LIVENESS:g} s") from None
     assert msg["msg_type"] == "input_request", msg
     return msg
+
+
+def gated_policy(folder: Path) -> Path:
+    """A policy file in `folder` that makes it the approval-gated root /notes of the path
+    table, nothing else of the host's files readable or writable."""
+    path = folder / "policy.yaml"
+    path.write_text(textwrap.dedent(f"""
+        filesystem_config: {{mode: read_only, readable_paths: []}}
+        paths:
+          notes: {{root: {folder}, mode: rw, write_approval: true}}
+        """))
+    return path
 
 
 def click_route(k: KernelSession) -> str:

@@ -18,13 +18,13 @@ arrives while a cell is busy decides what each test expects (`click_delivery`):
 from __future__ import annotations
 
 import os
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import DENIED_AT_ONCE, KernelSession, error_line, running_kernel, value
+from conftest import (DENIED_AT_ONCE, KernelSession, error_line, gated_policy, running_kernel,
+                      value)
 
 ROUTE = ("__import__('sandbox_kernel_ext.notebook.kernel_routing', fromlist=['_'])"
          ".shell_click_delivery(get_ipython())")
@@ -88,19 +88,9 @@ def test_a_sandboxed_cell_runs_with_its_gauges(k: KernelSession) -> None:
     assert finals and "running" not in finals[-1].splitlines()[0].lower(), finals
 
 
-def _gated_policy(folder: Path) -> Path:
-    path = folder / "policy.yaml"
-    path.write_text(textwrap.dedent(f"""
-        filesystem_config: {{mode: read_only, readable_paths: []}}
-        paths:
-          notes: {{root: {folder}, mode: rw, write_approval: true}}
-        """))
-    return path
-
-
 def test_an_approval_in_a_busy_sandboxed_cell(k: KernelSession, shared_dir: Path) -> None:
     how = route(k)
-    k.run(f"%config SandboxMagics.policy = {str(_gated_policy(shared_dir))!r}\n"
+    k.run(f"%config SandboxMagics.policy = {str(gated_policy(shared_dir))!r}\n"
           "%config SandboxMagics.render_timeout = 60.0")
     target = shared_dir / "from_cell.txt"
     try:

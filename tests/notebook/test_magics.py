@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import LIVENESS, KernelSession, error_line, value
+from conftest import LIVENESS, KernelSession, error_line, gated_policy, value
 
 EXTENSION = "sandbox_kernel_ext.notebook"
 MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
@@ -662,15 +662,6 @@ def test_quiet_shows_no_gauges(k: KernelSession) -> None:
 
 
 # -- approvals from a sandboxed cell ------------------------------------------------------------
-
-def gated_policy(folder: Path) -> Path:
-    """`folder` as the approval-gated root /notes of the path table, nothing else writable."""
-    return write_policy(folder, f"""
-        filesystem_config: {{mode: read_only, readable_paths: []}}
-        paths:
-          notes: {{root: {folder}, mode: rw, write_approval: true}}
-        """)
-
 
 @pytest.mark.parametrize(("button", "written"), [("Approve", True), ("Deny", False)])
 def test_a_sandboxed_write_waits_for_the_click(k: KernelSession, shared_dir: Path, button: str,

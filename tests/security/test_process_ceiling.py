@@ -14,7 +14,7 @@ import os
 import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, ResourceLimits, SandboxManager
-from sandbox_kernel_ext.runner.trusted.isolation import private_mounts
+from sandbox_kernel_ext.runner.trusted.isolation import _linux_at_least, private_mounts
 from sandbox_kernel_ext.runner.trusted.plan import pid_ceiling
 
 MAX_PROCESSES = 20
@@ -32,11 +32,6 @@ try:
 except OSError as exc:
     print(errno.errorcode[exc.errno], made)
 """
-
-
-def _linux_at_least(major: int, minor: int) -> bool:
-    release = os.uname().release.split("-")[0].split(".")
-    return (int(release[0]), int(release[1])) >= (major, minor)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="child_uid=0 is a root kernel's choice")

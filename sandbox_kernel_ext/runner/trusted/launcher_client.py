@@ -178,41 +178,34 @@ class LauncherClient:
         the child's descriptors by name, its plan's memfd ("plan") among them; `key` names
         a view prepared for it (`prepare`), if any."""
         child = SpawnedChild()
+        self._request(child, {"op": "spawn", "fds": list(fds), "key": key}, list(fds.values()))
+        return child
+
+    def _request(self, answer: SpawnedChild | _HomeAnswer, message: dict[str, object],
+                 fds: list[int] = ()) -> int:
+        """Send `message` under a new id (starting the launcher if it is not running), its
+        answer to be filled in by the reader into `answer`; the id."""
         with self._lock:
             if self._sock is None or self._process is None or self._process.poll() is not None:
                 self._cleanup_locked()
                 self._start()
             self._next_id += 1
             request_id = self._next_id
-            self._pending[request_id] = child
-            message = {"op": "spawn", "id": request_id, "fds": list(fds), "key": key}
+            self._pending[request_id] = answer
             assert self._sock is not None
             try:
-                send_message(self._sock, message, list(fds.values()))
+                send_message(self._sock, {**message, "id": request_id}, fds)
             except OSError as exc:
                 self._pending.pop(request_id, None)
                 raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
-        return child
+        return request_id
 
     def sized_home(self, size: int, inodes: int) -> int:
         """A new tmpfs of `size` bytes and `inodes` files for a sandbox's home
         (`launcher/sized_home.py`), as a detached mount the caller owns; SandboxError saying
         why where it cannot be made."""
         reply = _HomeAnswer()
-        with self._lock:
-            if self._sock is None or self._process is None or self._process.poll() is not None:
-                self._cleanup_locked()
-                self._start()
-            self._next_id += 1
-            request_id = self._next_id
-            self._pending[request_id] = reply
-            assert self._sock is not None
-            try:
-                send_message(self._sock, {"op": "home", "id": request_id, "size": size,
-                                          "inodes": inodes})
-            except OSError as exc:
-                self._pending.pop(request_id, None)
-                raise SandboxError(f"the sandbox launcher is gone: {exc}") from None
+        request_id = self._request(reply, {"op": "home", "size": size, "inodes": inodes})
         answered = False
         try:
             answered = reply.exited.wait(timeout=START_TIMEOUT)
