@@ -244,15 +244,16 @@ class SandboxManager:
         size = (quota or 0) // mmap.PAGESIZE * mmap.PAGESIZE
         if not size or not sized_homes_possible():
             return None
-        needs = size + home_inodes(size) * HOME_INODE_BYTES
+        inodes = home_inodes(size)
+        needs = size + inodes * HOME_INODE_BYTES
         available = psutil.virtual_memory().available
         if needs > available * HOME_MEMORY_SHARE:
-            self._warn_home(f"a home of {size:,} bytes and {home_inodes(size):,} files could "
+            self._warn_home(f"a home of {size:,} bytes and {inodes:,} files could "
                             f"take {needs:,} bytes of memory, more than "
                             f"{HOME_MEMORY_SHARE:.0%} of the {available:,} available")
             return None
         try:
-            return self._launcher.sized_home(size, home_inodes(size))
+            return self._launcher.sized_home(size, inodes)
         except SandboxError as exc:
             self._warn_home(str(exc))
             return None
