@@ -573,7 +573,7 @@ def test_unlink_in_read_only_root_fails(env: Env) -> None:
 
 
 # Where the isolation report names a layer missing, the attacks only it stops are not tried
-# (the README's tables say what holds there instead); each such skip says which layer.
+# (docs/guarantees.md's tables say what holds there instead); each such skip says which layer.
 needs_read_only_view = pytest.mark.skipif(
     not isolation_report()["layers"]["read_only_host_view"],
     reason="no read-only view of the host here (reported missing): a child can change the "

@@ -3,7 +3,7 @@
 Everything a confined session displays was made by code nobody trusts, and a notebook page
 holds the Jupyter server's credentials: markup that runs script in the page's origin could
 call the server's API and run code in the unconfined kernel. So the trusted side decides,
-format by format, what crosses and how it renders (the README has the table):
+format by format, what crosses and how it renders (docs/guarantees.md has the table):
 
 - as they are: `text/plain` (control characters removed), `image/png`, `image/jpeg`,
   `image/gif` (checked to be base64), `application/json` (a tree viewer, no markup);
