@@ -1,6 +1,10 @@
 """`%%sandbox` in a real JupyterLab and Chromium: the gauges move while the confined cell runs,
 its approval widget appears in the cell, and a click on Approve (then on Deny) decides whether
-the sandbox's write lands."""
+the sandbox's write lands.
+
+With SANDBOX_TEST_SCREENSHOT=FILE, the approve-then-deny test also saves a picture of the
+waiting cell there (the README's screenshot is made this way).
+"""
 
 from __future__ import annotations
 
@@ -90,6 +94,8 @@ def test_sandboxed_cell_shows_gauges_and_waits_for_approve_then_deny(
     approve = nb.button(1, "Approve once")
     approve.wait_for()
     assert nb.is_running(1), "the cell must still be waiting when the widget shows"
+    if screenshot := os.environ.get("SANDBOX_TEST_SCREENSHOT"):
+        nb.cell(1).screenshot(path=screenshot)
     assert not approved.exists()
     memory = [value for name, value in nb.page.evaluate("window.meterLog") if name == "Memory"]
     assert len(set(memory)) >= 3 and memory == sorted(memory), memory  # it moved, upwards
