@@ -77,6 +77,12 @@ CLICKED_BY = "the person at the notebook"  # `decided_by` of an answer given wit
 # Disabled buttons are dimmed; the one that decided stays legible (it is the record).
 _CHOSEN_CLASS = "skx-approval-chosen"
 _CHOSEN_STYLE = f"<style>.{_CHOSEN_CLASS}:disabled {{ opacity: 1 !important; }}</style>"
+# The decided button in a saved record, in the colour the live widget gives it.
+_RECORD_BUTTON = {
+    Decision.allow_once: "background:#4caf50;color:#fff;border:1px solid #4caf50",
+    Decision.allow_session: "background:#ff9800;color:#fff;border:1px solid #ff9800",
+    Decision.deny: "background:#f44336;color:#fff;border:1px solid #f44336",
+}
 _ALWAYS_TIP = {  # the broker lets a write grant cover reads of the same path
     "read": "Allow reads of this path until the kernel restarts",
     "write": "Allow writes, and reads, of this path until the kernel restarts",
@@ -124,6 +130,17 @@ def _when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
+def _close_tree(widget: widgets.Widget) -> None:
+    """Close a widget, the widgets inside it and their layouts and styles (once its record
+    has replaced its view, nothing shows them)."""
+    for inner in getattr(widget, "children", ()):
+        _close_tree(inner)
+    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+        if isinstance(part, widgets.Widget):
+            part.close()
+    widget.close()
+
+
 class ApprovalWidget(widgets.VBox):
     """One request, its three answers and a countdown; afterwards a disabled record.
 
@@ -155,7 +172,7 @@ class ApprovalWidget(widgets.VBox):
         )
         self.status = widgets.Label(self._waiting_text(timeout))
         self.render_ack = RenderAck(self.rendered.set)
-        self.header = widgets.HTML(self._header_html())
+        self.header = widgets.HTML(_CHOSEN_STYLE + self._header_html())
         children: list[widgets.Widget] = [self.header]
         if request.location:
             location = html.escape(printable(request.location))
@@ -187,7 +204,7 @@ class ApprovalWidget(widgets.VBox):
             state, verb = "Approval needed", "wants"
         else:
             state, verb = _OUTCOME[self.decision.decision], "asked"
-        return (f"{_CHOSEN_STYLE}<b>{state}</b> &middot; {who} {verb} to <b>{operation}</b> "
+        return (f"<b>{state}</b> &middot; {who} {verb} to <b>{operation}</b> "
                 f"<code>{path}</code>{_size(request)}")
 
     def _buttons(self) -> Iterator[tuple[widgets.Button, Decision]]:
@@ -241,7 +258,7 @@ class ApprovalWidget(widgets.VBox):
                     button.add_class(_CHOSEN_CLASS)
                 else:
                     button.button_style = ""  # only the button that decided keeps its colour
-        self.header.value = self._header_html()
+        self.header.value = _CHOSEN_STYLE + self._header_html()
         self.status.value = self.outcome_text()
         if self.render_ack in self.children:  # saved notebooks need no anywidget to show it
             self.children = tuple(c for c in self.children if c is not self.render_ack)
@@ -278,6 +295,32 @@ class ApprovalWidget(widgets.VBox):
         bundle = super()._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.as_text()
         return bundle
+
+    def record_bundle(self) -> dict[str, str]:
+        """The decided widget as static HTML and text, with no widget in it: what a saved
+        notebook keeps (the audit trail: who asked, what, the decision, who decided, when)
+        and shows without the kernel, trusted or not."""
+        request, decision = self.request, self.decision
+        parts = [f"<div>{self._header_html()}</div>"]
+        if request.location:
+            parts.append("<div><small>File on this machine: <code>"
+                         f"{html.escape(printable(request.location))}</code></small></div>")
+        if request.summary:
+            summary = html.escape(printable(request.summary, keep="\n\t"))
+            parts.append("<pre style='max-height:14em;overflow:auto;margin:0.3em 0;"
+                         f"white-space:pre-wrap;overflow-wrap:anywhere'>{summary}</pre>")
+        chosen = (decision.decision if decision is not None
+                  and decision.decided_by == CLICKED_BY else None)
+        buttons = "".join(
+            f'<button type="button" disabled style="margin-right:4px;padding:2px 8px;'
+            f'{_RECORD_BUTTON[answer] if answer is chosen else "opacity:0.6"}">'
+            f"{html.escape(button.description)}</button>"
+            for button, answer in self._buttons())
+        parts += [f"<div>{buttons}</div>",
+                  f'<div role="status">{html.escape(self.outcome_text())}</div>']
+        return {"text/plain": self.as_text(),
+                "text/html": ('<div class="skx-approval-record" style="border:1px solid '
+                              f'#d0a000;padding:4px">{"".join(parts)}</div>')}
 
 
 class WidgetResponder:
@@ -379,7 +422,8 @@ class WidgetResponder:
             widget.record(decision)
             if handle is not None:
                 with output_to(self.shell, cell):
-                    handle.update(widget)
+                    handle.update(widget.record_bundle(), raw=True)
+                _close_tree(widget)
         except Exception:  # the answer stands even if the kernel cannot show it any more
             _logger.exception("could not record the approval decision in the widget")
 

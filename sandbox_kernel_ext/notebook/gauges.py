@@ -4,15 +4,18 @@ The monitor thread calls `GaugePanel.update` directly while the cell runs (widge
 from a background thread reach the frontend; on ipykernel 7.0 that thread is first given the
 showing cell as its parent, `adopt_cell_parent`), so the panel is
 its only writer: each update is one trait assignment, hence one comm message carrying every
-value. `freeze` turns the panel into the run's summary. The view is `js/gauges.js`; this module
+value. `freeze` turns the panel into the run's summary, and its display into a static record
+that a saved notebook shows without the kernel. The view is `js/gauges.js`; this module
 only shapes and forwards numbers, it decides nothing about the limits.
 """
 
 from __future__ import annotations
 
+import html
 import math
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anywidget
@@ -23,7 +26,8 @@ from IPython.display import DisplayHandle, display
 from .assets import js_asset
 from .kernel_routing import CellParent, adopt_cell_parent
 
-__all__ = ["GaugePanel", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits", "summarize"]
+__all__ = ["GaugePanel", "GaugeRow", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits",
+           "gauge_rows", "record_html", "status_line", "summarize"]
 
 SNAPSHOT_KEYS = (
     "cpu_seconds",
@@ -110,10 +114,31 @@ def _cost(usd: float) -> str:
     return f"${usd:.{4 if usd < 1 else 2}f}"
 
 
-def _gauge_text(label: str, value: float | None, limit: float | None, fmt: Any, *,
-                prefix: str = "", suffix: str = "") -> str:
-    """`label [prefix]value of limit (pct)[suffix] [words]`, the words as the view's badge."""
-    text = f"{label} {prefix}{'—' if value is None else fmt(value)}"
+@dataclass(frozen=True)
+class GaugeRow:
+    """One gauge as the view shows it: `value` against `limit` (None: no bar), the text
+    after the label, and the badge's words ("high", "near limit", "at limit")."""
+
+    label: str
+    value: float | None
+    limit: float | None
+    text: str
+    words: str = ""
+
+    @property
+    def state(self) -> str:
+        """The view's colour: "none" without a limit, else "ok", "warn" or "danger"."""
+        if self.limit is None:
+            return "none"
+        return {"": "ok", "high": "warn"}.get(self.words, "danger")
+
+    def line(self) -> str:
+        return f"{self.label} {self.text}" + (f" {self.words}" if self.words else "")
+
+
+def _row(label: str, value: float | None, limit: float | None, fmt: Any, *,
+         prefix: str = "", suffix: str = "") -> GaugeRow:
+    text = f"{prefix}{'—' if value is None else fmt(value)}"
     words = ""
     if limit is not None:
         text += f" of {fmt(limit)}"
@@ -121,48 +146,95 @@ def _gauge_text(label: str, value: float | None, limit: float | None, fmt: Any, 
             ratio = max(value, 0) / limit
             text += f" ({round(ratio * 100)}%)"
             if ratio >= THRESHOLDS["danger"]:
-                words = " at limit" if ratio >= 1 else " near limit"
+                words = "at limit" if ratio >= 1 else "near limit"
             elif ratio >= THRESHOLDS["warn"]:
-                words = " high"
-    return text + suffix + words
+                words = "high"
+    return GaugeRow(label, value, limit, text + suffix, words)
+
+
+def status_line(readings: Mapping[str, Any], outcome: str = "") -> str:
+    """The line above the gauges: running, or the outcome, processes and egress after it."""
+    r = readings
+    frozen = bool(outcome)
+    parts = [f"Sandbox {outcome}" if frozen else "Sandbox running"]
+    if frozen and r.get("peak_processes") is not None:
+        parts.append(f"{_count(r['peak_processes'])} process(es) at peak")
+    elif r.get("processes") is not None:
+        parts.append(f"{_count(r['processes'])} process(es)")
+    if frozen and any(r.get(k) is not None for k in _EGRESS_KEYS):
+        parts.append(f"egress {_count(r.get('egress_allowed') or 0)} allowed, "
+                     f"{_count(r.get('egress_denied') or 0)} denied")
+    return " · ".join(parts)
+
+
+def gauge_rows(readings: Mapping[str, Any], limits: Mapping[str, Any],
+               outcome: str = "") -> list[GaugeRow]:
+    """The five gauges; after the run (`outcome`) memory is its peak and CPU has no rate."""
+    r, lim = readings, limits
+    frozen = bool(outcome)
+    cpu_percent = r.get("cpu_percent")
+    cpu = _row("CPU", r.get("cpu_seconds"), lim.get("cpu_seconds"), _seconds,
+               suffix="" if frozen or cpu_percent is None else f" · {round(cpu_percent)}% now")
+    if frozen:
+        memory = _row("Memory", r.get("peak_memory_mb"), lim.get("memory_mb"), _megabytes,
+                      prefix="peak ")
+    else:
+        peak = r.get("peak_memory_mb")
+        memory = _row("Memory", r.get("memory_mb"), lim.get("memory_mb"), _megabytes,
+                      suffix="" if peak is None else f" · peak {_megabytes(peak)}")
+    waited = r.get("approval_wait_seconds")
+    elapsed = _row("Elapsed", r.get("elapsed_seconds"), lim.get("timeout_seconds"), _seconds,
+                   suffix=f" · {_seconds(waited)} {WAIT_WORDS}" if waited else "")
+    return [cpu, memory, elapsed,
+            _row("Tokens", r.get("tokens_used"), lim.get("tokens"), _count),
+            _row("Cost", r.get("cost_usd"), lim.get("cost_usd"), _cost)]
 
 
 def summarize(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: str = "") -> str:
     """One line per gauge, headed by the state of the run."""
-    r, lim = readings, limits
-    frozen = bool(outcome)
-    head = f"Sandbox {outcome}" if frozen else "Sandbox running"
-    extras = []
-    if frozen and r.get("peak_processes") is not None:
-        extras.append(f"{_count(r['peak_processes'])} process(es) at peak")
-    elif r.get("processes") is not None:
-        extras.append(f"{_count(r['processes'])} process(es)")
-    if frozen and any(r.get(k) is not None for k in _EGRESS_KEYS):
-        extras.append(f"egress {_count(r.get('egress_allowed') or 0)} allowed, "
-                      f"{_count(r.get('egress_denied') or 0)} denied")
-    cpu_percent = r.get("cpu_percent")
-    cpu = _gauge_text("CPU", r.get("cpu_seconds"), lim.get("cpu_seconds"), _seconds,
-                      suffix="" if frozen or cpu_percent is None
-                      else f" · {round(cpu_percent)}% now")
-    if frozen:
-        memory = _gauge_text("Memory", r.get("peak_memory_mb"), lim.get("memory_mb"),
-                             _megabytes, prefix="peak ")
-    else:
-        peak = r.get("peak_memory_mb")
-        memory = _gauge_text("Memory", r.get("memory_mb"), lim.get("memory_mb"), _megabytes,
-                             suffix="" if peak is None else f" · peak {_megabytes(peak)}")
-    waited = r.get("approval_wait_seconds")
-    elapsed = _gauge_text("Elapsed", r.get("elapsed_seconds"), lim.get("timeout_seconds"),
-                          _seconds, suffix=f" · {_seconds(waited)} {WAIT_WORDS}" if waited else "")
-    lines = [
-        " · ".join([head, *extras]),
-        cpu,
-        memory,
-        elapsed,
-        _gauge_text("Tokens", r.get("tokens_used"), lim.get("tokens"), _count),
-        _gauge_text("Cost", r.get("cost_usd"), lim.get("cost_usd"), _cost),
-    ]
+    lines = [status_line(readings, outcome),
+             *(row.line() for row in gauge_rows(readings, limits, outcome))]
     return "\n  ".join(lines)
+
+
+# -- the record a saved notebook keeps: static HTML, no widget manager needed -------------
+_COLOURS = {"ok": "var(--jp-success-color1,#2e7d32)", "warn": "var(--jp-warn-color1,#ef6c00)",
+            "danger": "var(--jp-error-color1,#c62828)"}
+
+
+def _number_text(value: float) -> str:
+    """A number as the view's `String(n)` writes it (aria-valuenow)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _meter_html(row: GaugeRow) -> str:
+    if row.limit is None:
+        return ""
+    value = 0 if row.value is None else min(max(row.value, 0), row.limit)
+    percent = 100 * value / row.limit
+    aria = html.escape(f"{row.text}, {row.words}" if row.words else row.text, quote=True)
+    return (f'<div role="meter" aria-label="{row.label}" aria-valuemin="0" '
+            f'aria-valuemax="{_number_text(row.limit)}" aria-valuenow="{_number_text(value)}" '
+            f'aria-valuetext="{aria}" style="width:14em;height:0.8em;border-radius:3px;'
+            f'overflow:hidden;background:var(--jp-layout-color3,#ddd)">'
+            f'<div style="height:100%;width:{percent:.1f}%;background:{_COLOURS[row.state]}">'
+            "</div></div>")
+
+
+def record_html(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: str) -> str:
+    """The finished panel as static HTML: what the saved notebook shows, trusted or not
+    (a widget's saved output is a reference to a model that ends with the kernel)."""
+    cells = "".join(
+        f'<tr data-gauge="{row.label.lower()}" data-state="{row.state}">'
+        f'<td style="padding:1px 8px 1px 0;text-align:left">{row.label}</td>'
+        f'<td style="padding:1px 8px 1px 0;text-align:left">{_meter_html(row)}</td>'
+        f'<td style="padding:1px 8px 1px 0;text-align:left">{html.escape(row.text)}</td>'
+        f'<td style="padding:1px 0;text-align:left;font-weight:600">{row.words}</td></tr>'
+        for row in gauge_rows(readings, limits, outcome))
+    return ('<div class="skx-gauges" data-frozen="true" style="font-size:13px;padding:4px 0">'
+            f'<div role="status" style="font-weight:600">'
+            f"{html.escape(status_line(readings, outcome))}</div>"
+            f'<table style="border-collapse:collapse;border:none;margin:0">{cells}</table></div>')
 
 
 class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
@@ -216,7 +288,8 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
 
     def freeze(self, resource_usage: Mapping[str, Any], *, outcome: str) -> None:
         """Turn the panel into the run's summary: final usage and how the run ended, in one
-        message; a displayed panel's text/plain is refreshed too, for the saved notebook."""
+        message. A displayed panel is then replaced by its record (`record_bundle`), which a
+        saved notebook shows without the kernel, and closed."""
         if not isinstance(outcome, str) or not outcome.strip():
             raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
         readings = _readings("resource_usage", resource_usage, SNAPSHOT_KEYS + _SUMMARY_KEYS)
@@ -228,7 +301,13 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
                 self.readings = readings
                 self.outcome = outcome.strip()
         if self._handle is not None:
-            self._handle.update(self)
+            self._handle.update(self.record_bundle(), raw=True)
+            self.close()
+
+    def record_bundle(self) -> dict[str, str]:
+        """The frozen panel as static HTML and text, with no widget in it."""
+        return {"text/plain": self.text(),
+                "text/html": record_html(self.readings, self.limits, self.outcome)}
 
     def text(self) -> str:
         """The plain-text summary shown where widgets do not render."""

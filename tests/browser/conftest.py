@@ -249,15 +249,19 @@ def open_notebook(
     lab_server: LabServer, browser_context: Any
 ) -> Iterator[Callable[..., NotebookPage]]:
     """`open_notebook(name, [cell sources])` writes the notebook into the server's root, opens
-    it in a new page and waits for its kernel; pages and sessions are closed afterwards."""
+    it in a new page and waits for its kernel; without sources it opens the file that is
+    there. Pages and sessions are closed afterwards."""
     opened: list[NotebookPage] = []
 
-    def open_(name: str, sources: list[str]) -> NotebookPage:
-        nb = nbformat.v4.new_notebook()
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                     "language": "python"}
-        nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
-        nbformat.write(nb, lab_server.root / name)
+    def open_(name: str, sources: list[str] | None = None) -> NotebookPage:
+        if sources is None:
+            sources = [cell.source for cell in nbformat.read(lab_server.root / name, 4).cells]
+        else:
+            nb = nbformat.v4.new_notebook()
+            nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                         "language": "python"}
+            nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
+            nbformat.write(nb, lab_server.root / name)
         page = browser_context.new_page()
         notebook = NotebookPage(lab_server, page, name)
         opened.append(notebook)

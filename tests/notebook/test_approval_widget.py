@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,11 +75,18 @@ def ask(k: KernelSession, code: str, *, acknowledge: bool = True) -> tuple[str, 
     return msg_id, root
 
 
-def record_text(k: KernelSession, msg_id: str) -> str:
-    """The widget's text repr after the decision (what a saved notebook keeps)."""
+def record_data(k: KernelSession, msg_id: str) -> dict[str, Any]:
+    """The display that replaced the widget after the decision (what a saved notebook keeps):
+    static HTML and text, no widget."""
     updates = [m for m in k.outputs(msg_id) if m["msg_type"] == "update_display_data"]
     assert updates, "the widget's display was not updated with its outcome"
-    return updates[-1]["content"]["data"]["text/plain"]
+    data = updates[-1]["content"]["data"]
+    assert set(data) == {"text/plain", "text/html"}, data
+    return data
+
+
+def record_text(k: KernelSession, msg_id: str) -> str:
+    return record_data(k, msg_id)["text/plain"]
 
 
 def values(k: KernelSession, root: str, model_name: str) -> list[str]:
@@ -113,6 +121,10 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
     assert record[0] == ("Approval: the file toolset asks to write 'data/sync.txt' (36 bytes)")
     assert record[1] == f"  file on this machine: {tmp_path / 'sync.txt'}"
     assert record[-1].startswith("Approved once by the person at the notebook at ")
+    saved = record_data(k, msg_id)["text/html"]
+    assert "Approved once by the person at the notebook at " in saved
+    assert saved.count("<button type=\"button\" disabled") == 3
+    assert "<b>Approved once</b> &middot; the file toolset asked to <b>write" in saved
     # The record says what was decided at its top, and only the chosen button keeps its colour.
     [header, location, *_] = values(k, root, "HTMLModel")
     assert "<b>Approved once</b> &middot; the file toolset asked to <b>write" in header
@@ -332,6 +344,9 @@ def test_request_text_is_escaped(k: KernelSession, tmp_path: Path) -> None:
     shown = "".join(html_values)
     assert "&lt;img src=x onerror=alert(1)&gt;" in shown and "<img" not in shown
     assert "data/x&lt;b&gt;.txt" in shown and "<b>.txt" not in shown
+    record = record_data(k, msg_id)["text/html"]  # what the saved notebook keeps
+    assert "&lt;img src=x onerror=alert(1)&gt;" in record and "<img" not in record
+    assert "data/x&lt;b&gt;.txt" in record and "<b>.txt" not in record
     assert not (tmp_path / "x<b>.txt").exists()
 
 

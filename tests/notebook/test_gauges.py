@@ -143,6 +143,14 @@ def test_freeze_sends_one_summary_and_ignores_later_updates(kernel: Any) -> None
     assert states[0]["readings"] == usage
     [refreshed] = [m["content"] for m in kernel.outputs(msg_id)
                    if m["msg_type"] == "update_display_data"]
+    # The display becomes the panel's record, which a saved notebook shows without the
+    # kernel; the widget is closed.
+    assert set(refreshed["data"]) == {"text/plain", "text/html"}, refreshed["data"]
+    record = refreshed["data"]["text/html"]
+    assert 'data-frozen="true"' in record and "near limit" in record
+    assert 'aria-label="Memory"' in record and 'aria-valuenow="91"' in record
+    assert any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == comm_id
+               for m in kernel.messages[before:])
     text = refreshed["data"]["text/plain"]
     assert text.splitlines() == [
         "Sandbox killed: timeout after 20 s · 2 process(es) at peak · egress 3 allowed, 1 denied",

@@ -3,16 +3,21 @@ case is hostile input and what may cross into a notebook page."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandbox_kernel_ext.runner.child.display import markdown_as_html
 from sandbox_kernel_ext.runner.trusted.crossing_text import display_text, stream_text
 from sandbox_kernel_ext.runner.trusted.display import (
     MARKDOWN_NOTE,
+    UNTRUSTED_NOTE,
     inert_html,
+    isolated_html,
     safe_bundle,
 )
 
@@ -116,3 +121,29 @@ def test_every_link_opens_nothing_from_the_frame() -> None:
                      '<form action="w" target="_self"><button formtarget="_top">b</button></form>')
     assert re.findall(r'target="([^"]*)"', out) == ["_blank"] * 4
     assert "formtarget" not in out
+
+
+# -- the text form inside the frame, for pages that drop the frame (an untrusted notebook) ----
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.characters(codec="utf-8")), markup=st.text())
+def test_the_text_form_inside_the_frame_is_only_text(text: str, markup: str) -> None:
+    """Whatever the text, the frame element holds only our `<pre>` and note: a browser never
+    shows it, and a sanitiser that drops the frame finds nothing but text in it."""
+    out = isolated_html(markup, text=text)
+    opening = out.index('">', out.index(' srcdoc="')) + 2
+    inside = out[opening:out.index("</iframe>")]
+    assert out.count("</iframe") == 1 and out.count("<script") == 1
+    assert re.sub(r"</?(pre|p)>", "", inside).count("<") == 0, inside
+    assert inside.endswith(f"<p>{html.escape(UNTRUSTED_NOTE, quote=False)}</p>")
+
+
+def test_a_tables_text_form_is_its_text_repr_and_html_falls_back_to_its_text() -> None:
+    table = "   city  rain\n0  Oslo   763"
+    data, _ = safe_bundle({"text/html": "<table><tr><td>Oslo</td></tr></table>",
+                           "text/plain": table}, {})
+    assert f"<pre>{html.escape(table, quote=False)}</pre>" in data["text/html"]
+    data, _ = safe_bundle({"text/html": "<h1>Rain</h1><p>in <b>Oslo</b></p><script>x()</script>"
+                                        "<table><tr><td>a</td><td>b</td></tr></table>",
+                           "text/plain": "<IPython.core.display.HTML object>"}, {})
+    assert "<pre>Rain\nin Oslo\n  a  b</pre>" in data["text/html"]

@@ -48,7 +48,7 @@ from .crossing_text import display_text, line_text, valid_unicode
 
 __all__ = [
     "DisplayOutput", "MAX_BUNDLE_BYTES", "check_bundle", "safe_bundle", "format_error",
-    "inert_html", "isolated_html", "bundle_size",
+    "inert_html", "inert_html_and_text", "isolated_html", "bundle_size",
     "namespaced_display_id",
 ]
 
@@ -64,6 +64,11 @@ MARKDOWN_NOTE = ("[sandbox] Markdown shows as text here: a sandbox's Markdown is
                  "inside the sandbox, and this display came without its HTML")
 SLOW_HTML_NOTE = ("[sandbox] HTML too complex to check within its time budget shows as text "
                   "(1 s, and 1 s more per MB)")
+
+UNTRUSTED_NOTE = ("[sandbox] HTML from a sandboxed cell shows as text here: this page removed "
+                  "the frame that isolates it (JupyterLab does for a notebook it does not trust)")
+# The text/plain of an object with no text form of its own (IPython's HTML, for one).
+_OBJECT_REPR = re.compile(r"<[\w.]+ object( at 0x[0-9a-f]+)?>\Z")
 
 # The one script an isolated frame may run: it tells the page how tall its content is. The
 # root element's own height (plus a horizontal scrollbar's, if any), not its scrollHeight:
@@ -138,6 +143,11 @@ _DROPPED_ATTRIBUTES = frozenset({"srcdoc", "target", "formtarget", "ping"})
 # Elements a click follows: each is written with target="_blank", which a frame without
 # allow-popups cannot open, so a click navigates nothing.
 _LINKS = frozenset({"a", "area", "form"})
+# Where the text form of HTML starts a line, and where it puts a gap (a table's cells).
+_LINE_BREAKS = frozenset({"p", "div", "br", "tr", "li", "table", "pre", "h1", "h2", "h3", "h4",
+                          "h5", "h6", "section", "article", "header", "footer", "caption",
+                          "dt", "dd", "blockquote", "hr"})
+_CELLS = frozenset({"td", "th"})
 _TAG_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
 _ATTRIBUTE_NAME = re.compile(r"[a-z_:][-a-z0-9_:.]*\Z")
 
@@ -151,6 +161,7 @@ class _InertHTML(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.deadline = deadline
         self.out: list[str] = []
+        self.text: list[str] = []  # what a reader sees of it, for the untrusted page's text form
         self._skipping: list[str] = []  # the dropped element we are inside, innermost last
         self._raw = False  # inside <style>: CSS, written with every `<` escaped for CSS
 
@@ -181,6 +192,10 @@ class _InertHTML(HTMLParser):
             kept += ' target="_blank"'
         self.out.append(f"<{tag}{kept}{' /' if closed else ''}>")
         self._raw = tag == "style" and not closed
+        if tag in _LINE_BREAKS:
+            self.text.append("\n")
+        elif tag in _CELLS:
+            self.text.append("  ")
 
     def handle_endtag(self, tag: str) -> None:
         if self._skipping:
@@ -200,7 +215,11 @@ class _InertHTML(HTMLParser):
         if self._skipping:
             return
         # In CSS a `<` is only ever text: escaped as CSS, no browser can end the style early.
-        self.out.append(data.replace("<", "\\3c ") if self._raw else html.escape(data, quote=False))
+        if self._raw:
+            self.out.append(data.replace("<", "\\3c "))
+        else:
+            self.out.append(html.escape(data, quote=False))
+            self.text.append(data)
 
 
 class _TooSlow(Exception):
@@ -212,19 +231,31 @@ def inert_html(markup: str) -> str | None:
     comments, declarations and processing instructions go. None for markup whose parse
     passes its time budget (1 s, and 1 s more per MB): a display is no way to hold the
     kernel's thread (Python's parser takes quadratic time on unclosed tags)."""
+    both = inert_html_and_text(markup)
+    return None if both is None else both[0]
+
+
+def inert_html_and_text(markup: str) -> tuple[str, str] | None:
+    """`inert_html`, and the text a reader sees of it (a line per block, cells apart)."""
     parser = _InertHTML(time.monotonic() + 1.0 + len(markup) / 1e6)
     try:
         parser.feed(valid_unicode(markup))
         parser.close()
     except _TooSlow:
         return None
-    return "".join(parser.out)
+    lines = (line.rstrip() for line in "".join(parser.text).splitlines())
+    return "".join(parser.out), "\n".join(line for line in lines if line.strip())
 
 
-def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
+def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "") -> str:
     """`markup` inside a sandboxed iframe with an opaque origin, under a CSP that runs only
     the sizing script; the page-side script (ours, with no sandbox bytes in it) sizes the
-    frame to its content."""
+    frame to its content.
+
+    `text` (its text form) goes inside the iframe element: a browser never shows an
+    iframe's content, but a notebook reopened untrusted passes the output through
+    JupyterLab's sanitiser, which drops the frame and keeps what was inside it, so the text
+    shows there with a line saying why, not a blank."""
     frame_id = frame_id or "sandbox-frame-" + secrets.token_hex(8)
     document = (
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
@@ -252,9 +283,14 @@ def isolated_html(markup: str, *, frame_id: str | None = None) -> str:
         "referrerpolicy=\"no-referrer\" title=\"output of a sandboxed cell\" "
         "style=\"width:100%;height:120px;border:0;border-left:3px solid #d0d7de;"
         "box-sizing:border-box;display:block\" "
-        f"srcdoc=\"{html.escape(document, quote=True)}\"></iframe>"
+        f"srcdoc=\"{html.escape(document, quote=True)}\">{_untrusted_form(text)}</iframe>"
         f"<script>{page_script}</script>"
     )
+
+
+def _untrusted_form(text: str) -> str:
+    return (f"<pre>{html.escape(text, quote=False)}</pre>" if text else "") + (
+        f"<p>{html.escape(UNTRUSTED_NOTE, quote=False)}</p>")
 
 
 def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -278,9 +314,11 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
     notes: list[str] = []
     markup, markdown = data.get("text/html"), data.get("text/markdown")
     if isinstance(markup, str):
-        inert = inert_html(markup)
-        if inert is not None:
-            out["text/html"] = isolated_html(inert)
+        converted = inert_html_and_text(markup)
+        if converted is not None:
+            inert, text = converted
+            readable = plain if plain and not _OBJECT_REPR.match(plain) else text
+            out["text/html"] = isolated_html(inert, text=display_text(readable))
         else:
             notes.append(SLOW_HTML_NOTE)
             plain = plain or display_text(markup)
