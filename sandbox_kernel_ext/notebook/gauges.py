@@ -27,7 +27,7 @@ from .assets import js_asset
 from .kernel_routing import CellParent, adopt_cell_parent
 
 __all__ = ["GaugePanel", "GaugeRow", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits",
-           "gauge_rows", "record_html", "status_line", "summarize"]
+           "gauge_rows", "record_html", "status_line", "summarize", "summary_line"]
 
 SNAPSHOT_KEYS = (
     "cpu_seconds",
@@ -197,6 +197,13 @@ def summarize(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: s
     return "\n  ".join(lines)
 
 
+def summary_line(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: str) -> str:
+    """A finished run in one line (terminal IPython): tokens and cost only if some were used."""
+    rows = [row.line() for row in gauge_rows(readings, limits, outcome)
+            if row.label not in ("Tokens", "Cost") or row.value]
+    return " · ".join([status_line(readings, outcome), *rows])
+
+
 # -- the record a saved notebook keeps: static HTML, no widget manager needed -------------
 _COLOURS = {"ok": "var(--jp-success-color1,#2e7d32)", "warn": "var(--jp-warn-color1,#ef6c00)",
             "danger": "var(--jp-error-color1,#c62828)"}
@@ -256,6 +263,7 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         self._write_lock = threading.Lock()
         self._handle: DisplayHandle | None = None
         self._cell: tuple[Any, CellParent] | None = None  # (kernel, the cell that showed it)
+        self._in_terminal = False
 
     @traitlets.validate("limits")
     def _check_limits(self, proposal: dict[str, Any]) -> dict[str, float | None]:
@@ -269,8 +277,12 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         """Display the panel with a display id, so `freeze` can also refresh its saved text;
         the showing cell is where later updates from other threads belong."""
         kernel = getattr(get_ipython(), "kernel", None)
-        if kernel is not None:
-            self._cell = (kernel, CellParent.of_current_context(kernel))
+        if kernel is None:
+            # Terminal IPython: no view updates, and the cell's own output shares the lines,
+            # so nothing now and one summary line at `freeze`.
+            self._in_terminal = True
+            return
+        self._cell = (kernel, CellParent.of_current_context(kernel))
         self._handle = display(self, display_id=True)
 
     def _adopt_cell(self) -> None:
@@ -302,6 +314,9 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
                 self.outcome = outcome.strip()
         if self._handle is not None:
             self._handle.update(self.record_bundle(), raw=True)
+            self.close()
+        elif self._in_terminal:
+            print(summary_line(self.readings, self.limits, self.outcome), flush=True)
             self.close()
 
     def record_bundle(self) -> dict[str, str]:

@@ -4,6 +4,9 @@ cell is still running, one comm message per update; freeze gives the summary; te
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -250,3 +253,20 @@ def test_gauge_limits_maps_the_policy_budgets() -> None:
                       "tokens": 100_000, "cost_usd": 0.10}
     assert GaugePanel(limits=limits).limits == limits
     assert json.loads(json.dumps(gauge_limits(ResourceLimits(), None)))["timeout_seconds"] is None
+
+
+def test_terminal_ipython_prints_one_summary_line(tmp_path: Path) -> None:
+    """Where nothing can update a view, no placeholders: one line after the cell's output."""
+    script = tmp_path / "cell.ipy"
+    script.write_text("%load_ext sandbox_kernel_ext\n"
+                      "get_ipython().run_cell_magic('sandbox', '', \"print('hello from inside')\")\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor",
+         str(script)], capture_output=True, text=True, timeout=WAIT, cwd=tmp_path,
+        env=dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython")))
+    assert done.returncode == 0, done.stderr
+    *_, said, summary = done.stdout.splitlines()
+    assert said == "hello from inside", done.stdout
+    assert summary.startswith("Sandbox finished · "), done.stdout
+    assert " · CPU " in summary and " · Memory peak " in summary and " · Elapsed " in summary
+    assert "—" not in done.stdout and "Tokens" not in done.stdout, done.stdout
