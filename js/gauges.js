@@ -81,9 +81,15 @@ const GAUGES = [
   { key: "cost", label: "Cost", reading: "cost_usd", limit: "cost_usd", format: formatCost },
 ];
 
+/** Tokens and cost show in the compact line only once something reported them. */
+export function isUsed(key, value) {
+  if (key !== "tokens" && key !== "cost") return true;
+  return isNumber(value) && value > 0;
+}
+
 /**
  * What each gauge shows, as plain data: {key, label, value, max, state, percent, text, words,
- * ariaText}. `max` is null when the gauge has no limit (then the view shows no bar). After the
+ * ariaText, used}. `max` is null when the gauge has no limit (then the view shows no bar). After the
  * run (`frozen`) the memory gauge shows the peak, which is what a summary is about, and the CPU
  * gauge drops its momentary rate.
  */
@@ -123,6 +129,7 @@ export function gaugeSpecs(readings, limits, { frozen = false, thresholds } = {}
       text,
       words,
       ariaText,
+      used: isUsed(g.key, value),
     };
   });
 }
@@ -171,6 +178,15 @@ const CSS = `
 .skx-gauge[data-state="warn"] .skx-gauge__badge { color: var(--jp-warn-color1, #ef6c00); }
 .skx-gauge[data-state="danger"] .skx-gauge__badge { color: var(--jp-error-color1, #c62828); }
 .skx-gauge { display: contents; }
+.skx-gauges__toggle { font: inherit; font-size: 0.9em; padding: 0 6px; margin-left: 4px;
+  cursor: pointer; border: 1px solid var(--jp-border-color1, #bbb); border-radius: 3px;
+  background: var(--jp-layout-color1, #fff); color: var(--jp-ui-font-color1, #222); }
+.skx-gauges--compact { display: flex; flex-wrap: wrap; align-items: center; gap: 2px 12px; }
+.skx-gauges--compact .skx-gauges__status { margin-bottom: 0; }
+.skx-gauges--compact .skx-gauges__grid { display: flex; flex-wrap: wrap; gap: 2px 12px; }
+.skx-gauges--compact .skx-gauge { display: inline-flex; align-items: center; gap: 4px; }
+.skx-gauges--compact .skx-gauge__slot { width: 5em; }
+.skx-gauges--compact .skx-gauge[data-used="false"] { display: none; }
 `;
 
 function child(doc, parent, tag, className) {
@@ -183,6 +199,7 @@ function child(doc, parent, tag, className) {
 /** Puts one gauge's spec onto its row; the bar exists only while the gauge has a limit. */
 function applySpec(doc, row, spec) {
   row.root.setAttribute("data-state", spec.state);
+  row.root.setAttribute("data-used", String(spec.used));
   row.label.textContent = spec.label;
   row.text.textContent = spec.text;
   row.badge.textContent = spec.words;
@@ -219,10 +236,25 @@ function render({ model, el }) {
   const style = doc.createElement("style");
   style.textContent = CSS;
   el.appendChild(style);
+  // One line by default (time, CPU, memory; tokens and cost once used); the toggle opens the
+  // full panel, and the choice stays with this view while the readings change.
   const root = child(doc, el, "div", "skx-gauges");
   // The status line sits outside the grid, so its length never resizes the gauges' columns.
   const status = child(doc, root, "div", "skx-gauges__status");
   const grid = child(doc, root, "div", "skx-gauges__grid");
+  const toggle = child(doc, root, "button", "skx-gauges__toggle");
+  toggle.type = "button";
+  let compact = true;
+  const layout = () => {
+    root.className = compact ? "skx-gauges skx-gauges--compact" : "skx-gauges";
+    toggle.textContent = compact ? "details" : "less";
+    toggle.setAttribute("aria-expanded", String(!compact));
+  };
+  layout();
+  toggle.addEventListener("click", () => {
+    compact = !compact;
+    layout();
+  });
   status.setAttribute("role", "status");
   status.setAttribute("aria-live", "polite");
   const rows = new Map();

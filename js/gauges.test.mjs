@@ -150,6 +150,13 @@ class FakeElement {
     this.style = {};
     this.className = "";
     this._text = "";
+    this.listeners = new Map();
+  }
+  addEventListener(type, cb) {
+    this.listeners.set(type, [...(this.listeners.get(type) ?? []), cb]);
+  }
+  click() {
+    for (const cb of this.listeners.get("click") ?? []) cb();
   }
   appendChild(node) {
     this.children.push(node);
@@ -277,12 +284,37 @@ describe("render", () => {
     const { el, model, meter } = mount({ limits: LIMITS, readings: snapshot() });
     model.set("readings", snapshot({ memory_mb: 1, peak_memory_mb: 150 }));
     model.set("outcome", "finished");
-    const root = el.find((n) => n.className === "skx-gauges")[0];
+    const root = el.find((n) => n.className.split(" ").includes("skx-gauges"))[0];
     assert.equal(root.getAttribute("data-frozen"), "true");
     assert.equal(meter("Memory").getAttribute("aria-valuenow"), "150");
     assert.match(meter("Memory").getAttribute("aria-valuetext"), /^peak 150 MB/);
     const status = el.find((n) => n.getAttribute("role") === "status")[0];
     assert.match(status.textContent, /^Sandbox finished/);
+  });
+
+  it("is one line until its toggle opens the full panel, which stays open", () => {
+    const { el, model, row } = mount({ limits: LIMITS, readings: snapshot() });
+    const root = el.find((n) => n.className.split(" ").includes("skx-gauges"))[0];
+    const toggle = el.find((n) => n.className === "skx-gauges__toggle")[0];
+    assert.equal(root.className, "skx-gauges skx-gauges--compact");
+    assert.equal(toggle.getAttribute("aria-expanded"), "false");
+    toggle.click();
+    model.set("readings", snapshot({ memory_mb: 30 }));
+    assert.equal(root.className, "skx-gauges");
+    assert.equal(toggle.getAttribute("aria-expanded"), "true");
+    assert.equal(toggle.textContent, "less");
+    toggle.click();
+    assert.equal(root.className, "skx-gauges skx-gauges--compact");
+    assert.equal(row("memory").getAttribute("data-used"), "true");
+  });
+
+  it("marks tokens and cost as used only once something reported them", () => {
+    const { model, row } = mount({ limits: LIMITS, readings: snapshot() });
+    assert.equal(row("tokens").getAttribute("data-used"), "false");
+    assert.equal(row("cost").getAttribute("data-used"), "false");
+    model.set("readings", snapshot({ tokens_used: 12 }));
+    assert.equal(row("tokens").getAttribute("data-used"), "true");
+    assert.equal(row("cost").getAttribute("data-used"), "false");
   });
 
   it("the cleanup it returns removes every listener it added", () => {

@@ -26,8 +26,9 @@ from IPython.display import DisplayHandle, display
 from .assets import js_asset
 from .kernel_routing import CellParent, adopt_cell_parent
 
-__all__ = ["GaugePanel", "GaugeRow", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS", "gauge_limits",
-           "gauge_rows", "record_html", "status_line", "summarize", "summary_line"]
+__all__ = ["CellGauges", "GaugePanel", "GaugeRow", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS",
+           "gauge_limits", "gauge_rows", "record_bundle", "record_html", "status_line",
+           "summarize", "summary_line"]
 
 SNAPSHOT_KEYS = (
     "cpu_seconds",
@@ -197,10 +198,14 @@ def summarize(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: s
     return "\n  ".join(lines)
 
 
+def _used(row: GaugeRow) -> bool:
+    """Tokens and cost show in one line only once something reported them (as the view)."""
+    return row.label not in ("Tokens", "Cost") or bool(row.value)
+
+
 def summary_line(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: str) -> str:
-    """A finished run in one line (terminal IPython): tokens and cost only if some were used."""
-    rows = [row.line() for row in gauge_rows(readings, limits, outcome)
-            if row.label not in ("Tokens", "Cost") or row.value]
+    """A run in one line: its state, then time, CPU, memory (tokens and cost if used)."""
+    rows = [row.line() for row in gauge_rows(readings, limits, outcome) if _used(row)]
     return " · ".join([status_line(readings, outcome), *rows])
 
 
@@ -220,28 +225,35 @@ def _meter_html(row: GaugeRow) -> str:
     value = 0 if row.value is None else min(max(row.value, 0), row.limit)
     percent = 100 * value / row.limit
     aria = html.escape(f"{row.text}, {row.words}" if row.words else row.text, quote=True)
-    return (f'<div role="meter" aria-label="{row.label}" aria-valuemin="0" '
+    return (f'<span role="meter" aria-label="{row.label}" aria-valuemin="0" '
             f'aria-valuemax="{_number_text(row.limit)}" aria-valuenow="{_number_text(value)}" '
-            f'aria-valuetext="{aria}" style="width:14em;height:0.8em;border-radius:3px;'
-            f'overflow:hidden;background:var(--jp-layout-color3,#ddd)">'
-            f'<div style="height:100%;width:{percent:.1f}%;background:{_COLOURS[row.state]}">'
-            "</div></div>")
+            f'aria-valuetext="{aria}" style="display:inline-block;width:5em;height:0.8em;'
+            f'border-radius:3px;overflow:hidden;background:var(--jp-layout-color3,#ddd)">'
+            f'<span style="display:block;height:100%;width:{percent:.1f}%;'
+            f'background:{_COLOURS[row.state]}"></span></span>')
 
 
 def record_html(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome: str) -> str:
-    """The finished panel as static HTML: what the saved notebook shows, trusted or not
-    (a widget's saved output is a reference to a model that ends with the kernel)."""
-    cells = "".join(
-        f'<tr data-gauge="{row.label.lower()}" data-state="{row.state}">'
-        f'<td style="padding:1px 8px 1px 0;text-align:left">{row.label}</td>'
-        f'<td style="padding:1px 8px 1px 0;text-align:left">{_meter_html(row)}</td>'
-        f'<td style="padding:1px 8px 1px 0;text-align:left">{html.escape(row.text)}</td>'
-        f'<td style="padding:1px 0;text-align:left;font-weight:600">{row.words}</td></tr>'
-        for row in gauge_rows(readings, limits, outcome))
-    return ('<div class="skx-gauges" data-frozen="true" style="font-size:13px;padding:4px 0">'
-            f'<div role="status" style="font-weight:600">'
-            f"{html.escape(status_line(readings, outcome))}</div>"
-            f'<table style="border-collapse:collapse;border:none;margin:0">{cells}</table></div>')
+    """The finished run as one line of static HTML, as the view's compact line shows it: what
+    the saved notebook shows, trusted or not (a widget's saved output is a reference to a
+    model that ends with the kernel)."""
+    items = "".join(
+        f'<span data-gauge="{row.label.lower()}" data-state="{row.state}" '
+        'style="display:inline-flex;align-items:center;gap:4px">'
+        f"{row.label} {_meter_html(row)} {html.escape(row.text)}"
+        + (f" <b>{row.words}</b>" if row.words else "") + "</span>"
+        for row in gauge_rows(readings, limits, outcome) if _used(row))
+    return ('<div class="skx-gauges" data-frozen="true" style="font-size:13px;padding:4px 0;'
+            'display:flex;flex-wrap:wrap;align-items:center;gap:2px 12px">'
+            f'<span role="status" style="font-weight:600">'
+            f"{html.escape(status_line(readings, outcome))}</span>{items}</div>")
+
+
+def record_bundle(readings: Mapping[str, Any], limits: Mapping[str, Any],
+                  outcome: str) -> dict[str, str]:
+    """A finished run's gauges as static HTML and text, with no widget in it."""
+    return {"text/plain": summary_line(readings, limits, outcome),
+            "text/html": record_html(readings, limits, outcome)}
 
 
 class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
@@ -263,7 +275,6 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         self._write_lock = threading.Lock()
         self._handle: DisplayHandle | None = None
         self._cell: tuple[Any, CellParent] | None = None  # (kernel, the cell that showed it)
-        self._in_terminal = False
 
     @traitlets.validate("limits")
     def _check_limits(self, proposal: dict[str, Any]) -> dict[str, float | None]:
@@ -277,12 +288,8 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         """Display the panel with a display id, so `freeze` can also refresh its saved text;
         the showing cell is where later updates from other threads belong."""
         kernel = getattr(get_ipython(), "kernel", None)
-        if kernel is None:
-            # Terminal IPython: no view updates, and the cell's own output shares the lines,
-            # so nothing now and one summary line at `freeze`.
-            self._in_terminal = True
-            return
-        self._cell = (kernel, CellParent.of_current_context(kernel))
+        if kernel is not None:
+            self._cell = (kernel, CellParent.of_current_context(kernel))
         self._handle = display(self, display_id=True)
 
     def _adopt_cell(self) -> None:
@@ -313,16 +320,9 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
                 self.readings = readings
                 self.outcome = outcome.strip()
         if self._handle is not None:
-            self._handle.update(self.record_bundle(), raw=True)
+            self._handle.update(record_bundle(self.readings, self.limits, self.outcome),
+                                raw=True)
             self.close()
-        elif self._in_terminal:
-            print(summary_line(self.readings, self.limits, self.outcome), flush=True)
-            self.close()
-
-    def record_bundle(self) -> dict[str, str]:
-        """The frozen panel as static HTML and text, with no widget in it."""
-        return {"text/plain": self.text(),
-                "text/html": record_html(self.readings, self.limits, self.outcome)}
 
     def text(self) -> str:
         """The plain-text summary shown where widgets do not render."""
@@ -331,3 +331,75 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
     def __repr__(self) -> str:
         # anywidget's _repr_mimebundle_ uses repr() as the bundle's text/plain.
         return self.text()
+
+
+# Until a run has lasted this long its gauges are one line of text: a quicker cell never makes
+# a widget, whose messages would cost it more than the cell itself.
+SHOW_AFTER = 0.5
+_RUNNING = {"text/plain": "Sandbox running…",
+            "text/html": '<div class="skx-gauges" data-frozen="false" style="font-size:13px;'
+                         'padding:4px 0;font-weight:600" role="status">Sandbox running…</div>'}
+
+
+class CellGauges:
+    """A `%%sandbox` cell's gauges, in one place of its output from start to end: a line saying
+    it runs, the live panel once the run has lasted `SHOW_AFTER`, and the run's record when it
+    ends (`record_bundle`). In terminal IPython: one summary line at the end. Safe from the
+    monitor thread (`update`) and the cell's thread (`show`, `freeze`)."""
+
+    def __init__(self, *, limits: Mapping[str, Any]) -> None:
+        self.limits = _limits(limits)
+        self.panel: GaugePanel | None = None
+        self._lock = threading.Lock()
+        self._handle: DisplayHandle | None = None
+        self._cell: tuple[Any, CellParent] | None = None
+        self._in_terminal = False
+        self._done = False
+
+    def show(self) -> None:
+        """Show the gauges at this point of the cell's output (again after a clear)."""
+        kernel = getattr(get_ipython(), "kernel", None)
+        if kernel is None:
+            self._in_terminal = True
+            return
+        self._cell = (kernel, CellParent.of_current_context(kernel))
+        with self._lock:
+            if self.panel is None:
+                self._handle = display(_RUNNING, raw=True, display_id=True)
+            else:
+                self._handle = display(self.panel, display_id=True)
+
+    def update(self, snapshot: Mapping[str, Any]) -> None:
+        """A monitor snapshot: the live panel takes the line's place once the run is long
+        enough to watch, then shows each snapshot."""
+        with self._lock:
+            if self._done or self._handle is None or self._cell is None:
+                return
+            if self.panel is None:
+                elapsed = snapshot.get("elapsed_seconds")
+                if not isinstance(elapsed, (int, float)) or elapsed < SHOW_AFTER:
+                    return
+                adopt_cell_parent(*self._cell)
+                self.panel = GaugePanel(limits=self.limits)
+                self.panel._cell = self._cell
+                self._handle.update(self.panel)
+            panel = self.panel
+        panel.update(snapshot)
+
+    def freeze(self, resource_usage: Mapping[str, Any], *, outcome: str) -> None:
+        """Replace whatever shows by the run's record; later snapshots are ignored."""
+        if not isinstance(outcome, str) or not outcome.strip():
+            raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
+        readings = _readings("resource_usage", resource_usage, SNAPSHOT_KEYS + _SUMMARY_KEYS)
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            panel, handle = self.panel, self._handle
+        if self._in_terminal:
+            print(summary_line(readings, self.limits, outcome.strip()), flush=True)
+        elif handle is not None and self._cell is not None:
+            adopt_cell_parent(*self._cell)
+            handle.update(record_bundle(readings, self.limits, outcome.strip()), raw=True)
+        if panel is not None:
+            panel.close()

@@ -930,9 +930,9 @@ class _Run:
 
 
 def _gauge_panel(policy: CapabilityDeclaration, timeout: float) -> Any:
-    from .gauges import GaugePanel, gauge_limits
+    from .gauges import CellGauges, gauge_limits
 
-    return GaugePanel(limits=gauge_limits(policy.resource_limits, timeout))
+    return CellGauges(limits=gauge_limits(policy.resource_limits, timeout))
 
 
 def _close(responder: Any) -> None:

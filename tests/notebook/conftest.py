@@ -156,11 +156,12 @@ class KernelSession:
 
     # --------------------------------------------------------------- widgets
     def displayed_models(self, msg_id: str) -> list[str]:
-        """Model ids of widget views displayed in the cell's output (in order)."""
+        """Model ids of widget views displayed in the cell's output (in order), also where a
+        display's update put one in place of what it showed before."""
         return [
             m["content"]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
             for m in self.outputs(msg_id)
-            if m["msg_type"] == "display_data"
+            if m["msg_type"] in ("display_data", "update_display_data")
             and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]
         ]
 

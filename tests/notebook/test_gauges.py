@@ -155,14 +155,10 @@ def test_freeze_sends_one_summary_and_ignores_later_updates(kernel: Any) -> None
     assert any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == comm_id
                for m in kernel.messages[before:])
     text = refreshed["data"]["text/plain"]
-    assert text.splitlines() == [
-        "Sandbox killed: timeout after 20 s · 2 process(es) at peak · egress 3 allowed, 1 denied",
-        "  CPU 1.5 s of 10.0 s (15%)",
-        "  Memory peak 91 MB of 100 MB (91%) near limit",
-        "  Elapsed 20.4 s of 20.0 s (102%) at limit",
-        "  Tokens 10 of 1,000 (1%)",
-        "  Cost $0.0020",
-    ]
+    assert text == (
+        "Sandbox killed: timeout after 20 s · 2 process(es) at peak · egress 3 allowed, 1 denied"
+        " · CPU 1.5 s of 10.0 s (15%) · Memory peak 91 MB of 100 MB (91%) near limit"
+        " · Elapsed 20.4 s of 20.0 s (102%) at limit · Tokens 10 of 1,000 (1%) · Cost $0.0020")
     before = len(kernel.messages)
     late = kernel.run("done.update({'memory_mb': 5.0, 'elapsed_seconds': 30.0})\n"
                       "print(done.outcome, done.readings['elapsed_seconds'])")
@@ -171,7 +167,7 @@ def test_freeze_sends_one_summary_and_ignores_later_updates(kernel: Any) -> None
     shown = kernel.run("done")
     [result] = [m["content"]["data"] for m in kernel.outputs(shown)
                 if m["msg_type"] == "execute_result"]
-    assert result["text/plain"] == text
+    assert result["text/plain"].splitlines()[0] == text.split(" · CPU")[0]
 
 
 # -- in-process: input checks and thread safety (no frontend needed) ------------------------
@@ -270,3 +266,59 @@ def test_terminal_ipython_prints_one_summary_line(tmp_path: Path) -> None:
     assert summary.startswith("Sandbox finished · "), done.stdout
     assert " · CPU " in summary and " · Memory peak " in summary and " · Elapsed " in summary
     assert "—" not in done.stdout and "Tokens" not in done.stdout, done.stdout
+
+
+# -- a cell's gauges: a line, the panel once the run is long enough to watch, the record --------
+
+CELL_GAUGES = """
+import threading, time
+from sandbox_kernel_ext.notebook.gauges import CellGauges
+gauges = CellGauges(limits={limits!r})
+gauges.show()
+def feed():
+    for elapsed in {elapsed!r}:
+        gauges.update({{"elapsed_seconds": elapsed, "memory_mb": 10.0}})
+        time.sleep(0.05)
+worker = threading.Thread(target=feed)
+worker.start(); worker.join()
+gauges.freeze({{"elapsed_seconds": {last!r}, "peak_memory_mb": 12.0}}, outcome="finished")
+"""
+
+
+def _cell_gauges(kernel: Any, elapsed: list[float]) -> tuple[list[dict], list[str]]:
+    msg_id = kernel.run(CELL_GAUGES.format(limits=LIMITS, elapsed=elapsed, last=elapsed[-1]))
+    assert kernel.error(msg_id) is None, kernel.error(msg_id)
+    shown = [m for m in kernel.outputs(msg_id)
+             if m["msg_type"] in ("display_data", "update_display_data")]
+    return shown, kernel.displayed_models(msg_id)
+
+
+def test_a_quick_cell_makes_no_widget_only_its_line_and_record(kernel: Any) -> None:
+    shown, models = _cell_gauges(kernel, [0.1, 0.2, 0.3])
+    assert models == [] and not [m for m in kernel.messages if m["msg_type"] == "comm_open"
+                                 and m["parent_header"].get("msg_id") in
+                                 {s["parent_header"]["msg_id"] for s in shown}]
+    [first, record] = shown
+    ids = {m["content"]["transient"]["display_id"] for m in shown}
+    assert len(ids) == 1  # the record takes the line's place
+    assert first["content"]["data"]["text/plain"] == "Sandbox running…"
+    assert record["msg_type"] == "update_display_data"
+    assert record["content"]["data"]["text/plain"].startswith("Sandbox finished · CPU — of 10.0 s")
+    assert "Memory peak 12 MB of 100 MB (12%)" in record["content"]["data"]["text/plain"]
+    assert 'data-frozen="true"' in record["content"]["data"]["text/html"]
+
+
+def test_a_long_cell_shows_the_live_panel_in_its_place_then_the_record(kernel: Any) -> None:
+    shown, models = _cell_gauges(kernel, [0.2, 0.6, 0.9])
+    [panel] = models
+    kinds = [(m["msg_type"], sorted(m["content"]["data"])) for m in shown]
+    assert kinds == [
+        ("display_data", ["text/html", "text/plain"]),
+        ("update_display_data", ["application/vnd.jupyter.widget-view+json", "text/plain"]),
+        ("update_display_data", ["text/html", "text/plain"]),
+    ], kinds
+    assert len({m["content"]["transient"]["display_id"] for m in shown}) == 1
+    readings = [s["readings"] for s in updates_for(panel, kernel.messages)]
+    assert readings and readings[-1]["elapsed_seconds"] == 0.9
+    assert any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == panel
+               for m in kernel.messages)

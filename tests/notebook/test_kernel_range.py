@@ -78,7 +78,9 @@ def test_status_names_how_clicks_arrive(k: KernelSession) -> None:
 
 
 def test_a_sandboxed_cell_runs_with_its_gauges(k: KernelSession) -> None:
-    msg_id = k.run("%%sandbox\nprint('inside', 6 * 7)")
+    # Long enough for the live panel (CellGauges.SHOW_AFTER), whose updates come from the
+    # monitor's thread: the part that differs between kernels.
+    msg_id = k.run("%%sandbox\nimport time\ntime.sleep(1.5)\nprint('inside', 6 * 7)")
     assert k.error(msg_id) is None
     assert k.text(msg_id, "stdout") == "inside 42\n"
     assert "Traceback" not in k.text(msg_id)

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -561,7 +562,7 @@ def test_status_lists_the_layers(k: KernelSession) -> None:
 
 def test_policy_shows_the_session_policy(k: KernelSession, shared_dir: Path) -> None:
     text = k.text(k.run("%sandbox policy"))
-    assert "built-in default (workspace /tmp/" in text and "network_egress_rules: []" in text
+    assert f"built-in default (workspace {tempfile.gettempdir()}/" in text and "network_egress_rules: []" in text
     policy = rw_policy(shared_dir)
     k.run(f"%config SandboxMagics.policy = {str(policy)!r}")
     text = k.text(k.run("%sandbox policy"))
@@ -649,11 +650,26 @@ def test_gauges_move_while_running_and_freeze_after(k: KernelSession, shared_dir
 
     k.wait_for(moving, "the gauges to show a reading while the cell runs")
     assert msg_id not in k._idle and k.states[panel[0]]["outcome"] == ""
+    state = k.states[panel[0]]
+    assert state["limits"]["memory_mb"] == 512 and state["limits"]["timeout_seconds"] == 60
     go.touch()
     k.wait_idle(msg_id)
-    state = k.states[panel[0]]
-    assert state["outcome"] == "finished" and state["limits"]["memory_mb"] == 512
-    assert state["limits"]["timeout_seconds"] == 60
+    # The panel's place now holds the run's record (what a saved notebook keeps).
+    [*_, record] = [m["content"]["data"] for m in k.outputs(msg_id)
+                    if m["msg_type"] == "update_display_data"]
+    assert set(record) == {"text/plain", "text/html"}, record
+    assert record["text/plain"].startswith("Sandbox finished · "), record
+    assert "of 512 MB" in record["text/plain"] and "of 1 min 00 s" in record["text/plain"]
+
+
+def test_a_quick_cell_makes_no_gauge_widget(k: KernelSession) -> None:
+    """A cell over before its gauges would show anything moving pays for no widget: a line
+    while it runs, its record when it ends."""
+    msg_id = k.run("%%sandbox\nprint(1)")
+    assert k.displayed_models(msg_id) == []
+    shown = [m["content"]["data"]["text/plain"] for m in k.outputs(msg_id)
+             if m["msg_type"] in ("display_data", "update_display_data")]
+    assert shown[0] == "Sandbox running…" and shown[-1].startswith("Sandbox finished · "), shown
 
 
 def test_quiet_shows_no_gauges(k: KernelSession) -> None:

@@ -13,6 +13,7 @@ import html
 import json
 import queue
 import re
+import tempfile
 import textwrap
 from typing import Any
 
@@ -502,7 +503,7 @@ def test_list_shows_each_session(k: KernelSession) -> None:
     by_policy = {policy: rest for policy, *rest in rows}
     plain = next(p for p in by_policy if not p.endswith("--memory 300"))
     narrowed = next(p for p in by_policy if p.endswith("; --memory 300"))
-    assert plain.startswith("built-in default (workspace /tmp/sandbox-workspace-")
+    assert plain.startswith(f"built-in default (workspace {tempfile.gettempdir()}/sandbox-workspace-")
     assert narrowed == plain + "; --memory 300"
     for policy, cells_run in ((plain, "3"), (narrowed, "1")):
         uptime, cells, memory, state = by_policy[policy]
