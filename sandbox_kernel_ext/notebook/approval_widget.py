@@ -37,6 +37,7 @@ from ..approval.responders import (
     printable,
 )
 from ..policy.wording import byte_count
+from ..runner.trusted.display import NO_TYPESETTING
 from .assets import js_asset
 from .kernel_routing import (
     CellParent,
@@ -50,6 +51,7 @@ from .kernel_routing import (
     restore_default_parent,
 )
 from .shell_pump import ShellPump
+from .widget_tree import close_tree
 
 _logger = logging.getLogger(__name__)
 
@@ -128,17 +130,6 @@ def asker(source: str) -> str:
 
 def _when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
-
-
-def _close_tree(widget: widgets.Widget) -> None:
-    """Close a widget, the widgets inside it and their layouts and styles (once its record
-    has replaced its view, nothing shows them)."""
-    for inner in getattr(widget, "children", ()):
-        _close_tree(inner)
-    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
-        if isinstance(part, widgets.Widget):
-            part.close()
-    widget.close()
 
 
 class ApprovalWidget(widgets.VBox):
@@ -262,7 +253,7 @@ class ApprovalWidget(widgets.VBox):
         self.status.value = self.outcome_text()
         if self.render_ack in self.children:  # saved notebooks need no anywidget to show it
             self.children = tuple(c for c in self.children if c is not self.render_ack)
-            self.render_ack.close()
+            close_tree(self.render_ack)
 
     def outcome_text(self) -> str:
         decision = self.decision
@@ -319,8 +310,9 @@ class ApprovalWidget(widgets.VBox):
         parts += [f"<div>{buttons}</div>",
                   f'<div role="status">{html.escape(self.outcome_text())}</div>']
         return {"text/plain": self.as_text(),
-                "text/html": ('<div class="skx-approval-record" style="border:1px solid '
-                              f'#d0a000;padding:4px">{"".join(parts)}</div>')}
+                "text/html": (f'<div class="skx-approval-record {NO_TYPESETTING}" '
+                              'style="border:1px solid #d0a000;padding:4px">'
+                              f'{"".join(parts)}</div>')}
 
 
 class WidgetResponder:
@@ -423,9 +415,10 @@ class WidgetResponder:
             if handle is not None:
                 with output_to(self.shell, cell):
                     handle.update(widget.record_bundle(), raw=True)
-                _close_tree(widget)
         except Exception:  # the answer stands even if the kernel cannot show it any more
             _logger.exception("could not record the approval decision in the widget")
+        finally:
+            close_tree(widget)  # the record shows it now (or nothing could)
 
     def _why_nobody_can_answer(self, cell: CellParent, widget: ApprovalWidget,
                                pump: ShellPump | None) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import math
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,9 @@ from IPython import get_ipython
 from IPython.display import DisplayHandle, display
 
 from .assets import js_asset
+from ..runner.trusted.display import NO_TYPESETTING
 from .kernel_routing import CellParent, adopt_cell_parent
+from .widget_tree import close_tree
 
 __all__ = ["CellGauges", "GaugePanel", "GaugeRow", "LIMIT_KEYS", "SNAPSHOT_KEYS", "WAIT_WORDS",
            "gauge_limits", "gauge_rows", "record_bundle", "record_html", "status_line",
@@ -51,8 +54,9 @@ WAIT_WORDS = "waiting for your answer, not counted"
 
 
 def _number(where: str, key: str, value: Any) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{where}[{key!r}] must be a number, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value)):
+        raise ValueError(f"{where}[{key!r}] must be a finite number, got {value!r}")
     return value
 
 
@@ -243,7 +247,8 @@ def record_html(readings: Mapping[str, Any], limits: Mapping[str, Any], outcome:
         f"{row.label} {_meter_html(row)} {html.escape(row.text)}"
         + (f" <b>{row.words}</b>" if row.words else "") + "</span>"
         for row in gauge_rows(readings, limits, outcome) if _used(row))
-    return ('<div class="skx-gauges" data-frozen="true" style="font-size:13px;padding:4px 0;'
+    return (f'<div class="skx-gauges {NO_TYPESETTING}" data-frozen="true" '
+            'style="font-size:13px;padding:4px 0;'
             'display:flex;flex-wrap:wrap;align-items:center;gap:2px 12px">'
             f'<span role="status" style="font-weight:600">'
             f"{html.escape(status_line(readings, outcome))}</span>{items}</div>")
@@ -322,7 +327,13 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         if self._handle is not None:
             self._handle.update(record_bundle(self.readings, self.limits, self.outcome),
                                 raw=True)
-            self.close()
+            self.retire()
+
+    def retire(self) -> None:
+        """Close the panel and its layout once a record has taken its place; an update
+        racing with it (on the monitor thread) finds it closed."""
+        with self._write_lock:
+            close_tree(self)
 
     def text(self) -> str:
         """The plain-text summary shown where widgets do not render."""
@@ -333,7 +344,7 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         return self.text()
 
 
-# Until a run has lasted this long its gauges are one line of text: a quicker cell never makes
+# Until a cell has run this long its gauges are one line of text: a quicker cell never makes
 # a widget, whose messages would cost it more than the cell itself.
 SHOW_AFTER = 0.5
 _RUNNING = {"text/plain": "Sandbox running…",
@@ -343,16 +354,19 @@ _RUNNING = {"text/plain": "Sandbox running…",
 
 class CellGauges:
     """A `%%sandbox` cell's gauges, in one place of its output from start to end: a line saying
-    it runs, the live panel once the run has lasted `SHOW_AFTER`, and the run's record when it
-    ends (`record_bundle`). In terminal IPython: one summary line at the end. Safe from the
-    monitor thread (`update`) and the cell's thread (`show`, `freeze`)."""
+    it runs, the live panel once the cell has run for `show_after` seconds (a wait for a
+    person included), and the run's record when it ends (`record_bundle`). In terminal
+    IPython: one summary line at the end. `update` is called on the monitor's thread, `show`
+    and `freeze` on the cell's."""
 
-    def __init__(self, *, limits: Mapping[str, Any]) -> None:
+    def __init__(self, *, limits: Mapping[str, Any], show_after: float | None = None) -> None:
         self.limits = _limits(limits)
+        self.show_after = SHOW_AFTER if show_after is None else show_after
         self.panel: GaugePanel | None = None
         self._lock = threading.Lock()
         self._handle: DisplayHandle | None = None
         self._cell: tuple[Any, CellParent] | None = None
+        self._started: float | None = None  # when it was first shown
         self._in_terminal = False
         self._done = False
 
@@ -364,20 +378,23 @@ class CellGauges:
             return
         self._cell = (kernel, CellParent.of_current_context(kernel))
         with self._lock:
+            if self._started is None:
+                self._started = time.monotonic()
             if self.panel is None:
                 self._handle = display(_RUNNING, raw=True, display_id=True)
             else:
                 self._handle = display(self.panel, display_id=True)
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
-        """A monitor snapshot: the live panel takes the line's place once the run is long
-        enough to watch, then shows each snapshot."""
+        """A monitor snapshot (checked first): the live panel takes the line's place once the
+        cell is long enough to watch, then shows each snapshot."""
+        _readings("snapshot", snapshot, SNAPSHOT_KEYS)
         with self._lock:
-            if self._done or self._handle is None or self._cell is None:
+            if (self._done or self._handle is None or self._cell is None
+                    or self._started is None):
                 return
             if self.panel is None:
-                elapsed = snapshot.get("elapsed_seconds")
-                if not isinstance(elapsed, (int, float)) or elapsed < SHOW_AFTER:
+                if time.monotonic() - self._started < self.show_after:
                     return
                 adopt_cell_parent(*self._cell)
                 self.panel = GaugePanel(limits=self.limits)
@@ -396,10 +413,12 @@ class CellGauges:
                 return
             self._done = True
             panel, handle = self.panel, self._handle
-        if self._in_terminal:
-            print(summary_line(readings, self.limits, outcome.strip()), flush=True)
-        elif handle is not None and self._cell is not None:
-            adopt_cell_parent(*self._cell)
-            handle.update(record_bundle(readings, self.limits, outcome.strip()), raw=True)
-        if panel is not None:
-            panel.close()
+        try:
+            if self._in_terminal:
+                print(summary_line(readings, self.limits, outcome.strip()), flush=True)
+            elif handle is not None and self._cell is not None:
+                adopt_cell_parent(*self._cell)
+                handle.update(record_bundle(readings, self.limits, outcome.strip()), raw=True)
+        finally:
+            if panel is not None:
+                panel.retire()

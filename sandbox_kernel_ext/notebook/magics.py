@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import logging
 import math
 import os
 import re
@@ -47,6 +48,8 @@ from .kernel_routing import shell_click_delivery
 from .table import Table
 
 __all__ = ["SandboxCellError", "SandboxMagics", "Table"]
+
+_logger = logging.getLogger(__name__)
 
 SUBCOMMANDS = ("status", "policy", "list", "log", "reset", "restart", "examples")
 # The `%%sandbox` option that carries each field a NarrowingError names.
@@ -918,7 +921,10 @@ class _Run:
             self._unsubscribe()
         if self.panel is not None:
             usage = result.resource_usage if result is not None else self.last_snapshot
-            self.panel.freeze(usage, outcome=outcome)
+            try:
+                self.panel.freeze(usage, outcome=outcome)
+            except Exception:  # the gauges only show the run: its result and variables stand
+                _logger.exception("could not show the gauges' record")
         for stream, var in (("stdout", self.args.out), ("stderr", self.args.err)):
             if var is None:
                 continue

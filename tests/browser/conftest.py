@@ -235,7 +235,14 @@ class NotebookPage:
         """Run one cell in place with Ctrl+Enter (Shift+Enter on the last cell appends one)
         and wait until it has started or finished."""
         before = self.prompt(index)
-        self.cell(index).locator(".jp-InputArea-editor").click()
+        editor = self.cell(index).locator(".jp-InputArea-editor")
+
+        def focused() -> bool:
+            # A click can go to leaving an output frame that had the focus: click again.
+            editor.click()
+            return bool(editor.evaluate("el => el.contains(document.activeElement)"))
+
+        wait_for(f"cell {index}'s editor to have the focus", focused)
         self.page.keyboard.press("Control+Enter")
         wait_for(f"cell {index} to start", lambda: self.prompt(index) != before)
 

@@ -31,7 +31,13 @@ import pandas as pd
 from IPython.display import SVG, display
 display(SVG('<svg xmlns="http://www.w3.org/2000/svg" width="40" height="20">'
             '<rect width="40" height="20" fill="teal"/></svg>'))
-pd.DataFrame({"city": ["Oslo", "Lima"], "rain_mm": [763, 6]})
+pd.DataFrame({"city": ["Oslo", "Lima"], "rain_mm": [763, 6], "note": ["$x^2$", "$$y$$"]})
+"""
+# TeX where the page's MathJax might look: an exception's name (in the gauges' record) and
+# text inside a frame element. Typeset, the first would be a link in the kernel's own line.
+TEX = r"""%%sandbox --no-raise-error
+raise type(r"$\href{https://evil.example/login}{\text{Session expired: sign in}}$",
+           (Exception,), {})()
 """
 WRITE = """\
 %%sandbox
@@ -75,6 +81,14 @@ def _close_with_kernel(nb: Any) -> None:
     nb.server.api(f"/api/sessions/{nb.session_id}", method="DELETE")
 
 
+def _assert_nothing_typeset(nb: Any) -> None:
+    """No TeX of the sandbox's became math (or a link) in the page. (The traceback's own
+    text shows the URL as text, which JupyterLab links as it links any URL in output.)"""
+    outputs = nb.page.locator(".jp-NotebookPanel .jp-OutputArea")
+    assert outputs.locator("mjx-container").count() == 0
+    assert outputs.locator(".skx-gauges a, .sandbox-output a").count() == 0
+
+
 def _assert_records_show(nb: Any) -> None:
     text = nb.output(2).inner_text()
     assert "Approved once by the person at the notebook at " in text, text
@@ -91,7 +105,7 @@ def test_a_saved_notebook_keeps_records_and_tables_trusted_and_untrusted(
 ) -> None:
     target = roots / "data" / "kept.txt"
     nb = open_notebook("saved.ipynb", [SETUP.format(policy=str(roots / "policy.yaml")), TABLE,
-                                       WRITE.format(target=str(target))])
+                                       WRITE.format(target=str(target)), TEX])
     for index in (0, 1):
         nb.run_cell(index)
         nb.wait_cell_done(index)
@@ -101,6 +115,13 @@ def test_a_saved_notebook_keeps_records_and_tables_trusted_and_untrusted(
     nb.wait_cell_done(2)
     nb.output(2).get_by_text("Approved once by the person at the notebook").wait_for()
     assert target.read_text() == "kept\n"
+    # The records in place (the page's layout has moved for the last time) before a click.
+    nb.output(2).locator(".skx-approval-record").wait_for()
+    nb.output(2).locator('.skx-gauges[data-frozen="true"]').wait_for()
+    nb.run_cell(3)
+    nb.wait_cell_done(3)
+    nb.output(3).get_by_text("Sandbox failed: $\\href").wait_for()
+    _assert_nothing_typeset(nb)
 
     file = lab_server.root / "saved.ipynb"
     nb.cell(0).locator(".jp-InputArea-editor").click()
@@ -118,6 +139,8 @@ def test_a_saved_notebook_keeps_records_and_tables_trusted_and_untrusted(
     trusted.output(1).frame_locator("iframe.sandbox-output").get_by_text("Oslo").wait_for()
     assert UNTRUSTED_NOTE not in trusted.output(1).inner_text()
     _assert_records_show(trusted)
+    trusted.output(3).get_by_text("Sandbox failed: $\\href").wait_for()
+    _assert_nothing_typeset(trusted)
     _close_with_kernel(trusted)
 
     # The same outputs in a notebook nobody signed: untrusted, sanitised.
@@ -128,6 +151,7 @@ def test_a_saved_notebook_keeps_records_and_tables_trusted_and_untrusted(
     table = untrusted.output(1)
     table.get_by_text(UNTRUSTED_NOTE).wait_for()
     assert table.locator("iframe").count() == 0
+    assert table.locator("pre", has_text="Oslo").count() == 1  # an element, not markup as text
     assert "Oslo" in table.inner_text() and "763" in table.inner_text()
     svg = table.get_by_role("img", name="SVG from a sandboxed cell")
     assert svg.count() == 1 and svg.evaluate("img => img.naturalWidth") == 40

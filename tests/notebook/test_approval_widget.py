@@ -123,6 +123,12 @@ def test_approve_once_in_a_synchronous_cell(k: KernelSession, tmp_path: Path) ->
     assert record[-1].startswith("Approved once by the person at the notebook at ")
     saved = record_data(k, msg_id)["text/html"]
     assert "Approved once by the person at the notebook at " in saved
+    # The record took the widget's place: every model the cell opened is closed (the
+    # buttons, labels, the render acknowledgement, their layouts and styles).
+    opened = {m["content"]["comm_id"] for m in k.messages if m["msg_type"] == "comm_open"
+              and m["parent_header"].get("msg_id") == msg_id}
+    closed = {m["content"]["comm_id"] for m in k.messages if m["msg_type"] == "comm_close"}
+    assert root in opened and opened <= closed, opened - closed
     assert saved.count("<button type=\"button\" disabled") == 3
     assert "<b>Approved once</b> &middot; the file toolset asked to <b>write" in saved
     # The record says what was decided at its top, and only the chosen button keeps its colour.

@@ -112,15 +112,19 @@ def test_real_monitor_thread_drives_the_panel(kernel: Any) -> None:
         child = subprocess.Popen(["sleep", "30"])
         monitor = ResourceMonitor(ResourceLimits(max_tokens=1000), interval=0.05, timeout=20)
         unsubscribe = monitor.subscribe(watched.update)
+        fed = []  # snapshots the panel was given: a starved monitor thread gives fewer
+        unsubscribe_count = monitor.subscribe(fed.append)
         try:
             monitor.start(child.pid)
             monitor.record_tokens(800)
             deadline = time.monotonic() + {WAIT}
-            while (watched.readings.get("elapsed_seconds", 0) < 0.3
+            while ((len(fed) < 4 or watched.readings.get("elapsed_seconds", 0) < 0.3
+                    or watched.readings.get("tokens_used") != 800)
                    and time.monotonic() < deadline):
                 time.sleep(0.02)
         finally:
             unsubscribe()
+            unsubscribe_count()
             monitor.stop()
             child.kill()
             child.wait()
@@ -177,16 +181,17 @@ def test_bad_limits_and_snapshots_name_the_field() -> None:
         GaugePanel(limits={"memory": 10})
     with pytest.raises(ValueError, match=r"limits\['cpu_seconds'\] must be positive"):
         GaugePanel(limits={"cpu_seconds": 0})
-    with pytest.raises(ValueError, match=r"limits\['tokens'\] must be a number"):
+    with pytest.raises(ValueError, match=r"limits\['tokens'\] must be a finite number"):
         GaugePanel(limits={"tokens": "many"})
     panel = GaugePanel(limits={})
     assert panel.limits == dict.fromkeys(LIMITS)
     with pytest.raises(ValueError, match=r"limits\['memory_mb'\] must be positive"):
         panel.limits = {"memory_mb": -1}
     assert panel.limits == dict.fromkeys(LIMITS)
-    with pytest.raises(ValueError, match=r"snapshot\['memory_mb'\] must be a number, got True"):
+    with pytest.raises(ValueError,
+                       match=r"snapshot\['memory_mb'\] must be a finite number, got True"):
         panel.update({"memory_mb": True})
-    with pytest.raises(ValueError, match=r"resource_usage\['cost_usd'\] must be a number"):
+    with pytest.raises(ValueError, match=r"resource_usage\['cost_usd'\] must be a finite number"):
         panel.freeze({"cost_usd": float("nan")}, outcome="finished")
     with pytest.raises(ValueError, match="outcome must be a non-empty string"):
         panel.freeze({}, outcome=" ")
@@ -273,7 +278,7 @@ def test_terminal_ipython_prints_one_summary_line(tmp_path: Path) -> None:
 CELL_GAUGES = """
 import threading, time
 from sandbox_kernel_ext.notebook.gauges import CellGauges
-gauges = CellGauges(limits={limits!r})
+gauges = CellGauges(limits={limits!r}, show_after={show_after!r})
 gauges.show()
 def feed():
     for elapsed in {elapsed!r}:
@@ -285,8 +290,10 @@ gauges.freeze({{"elapsed_seconds": {last!r}, "peak_memory_mb": 12.0}}, outcome="
 """
 
 
-def _cell_gauges(kernel: Any, elapsed: list[float]) -> tuple[list[dict], list[str]]:
-    msg_id = kernel.run(CELL_GAUGES.format(limits=LIMITS, elapsed=elapsed, last=elapsed[-1]))
+def _cell_gauges(kernel: Any, elapsed: list[float],
+                 show_after: float) -> tuple[list[dict], list[str]]:
+    msg_id = kernel.run(CELL_GAUGES.format(limits=LIMITS, elapsed=elapsed, last=elapsed[-1],
+                                           show_after=show_after))
     assert kernel.error(msg_id) is None, kernel.error(msg_id)
     shown = [m for m in kernel.outputs(msg_id)
              if m["msg_type"] in ("display_data", "update_display_data")]
@@ -294,7 +301,7 @@ def _cell_gauges(kernel: Any, elapsed: list[float]) -> tuple[list[dict], list[st
 
 
 def test_a_quick_cell_makes_no_widget_only_its_line_and_record(kernel: Any) -> None:
-    shown, models = _cell_gauges(kernel, [0.1, 0.2, 0.3])
+    shown, models = _cell_gauges(kernel, [0.1, 0.2, 0.3], show_after=3600)
     assert models == [] and not [m for m in kernel.messages if m["msg_type"] == "comm_open"
                                  and m["parent_header"].get("msg_id") in
                                  {s["parent_header"]["msg_id"] for s in shown}]
@@ -309,7 +316,7 @@ def test_a_quick_cell_makes_no_widget_only_its_line_and_record(kernel: Any) -> N
 
 
 def test_a_long_cell_shows_the_live_panel_in_its_place_then_the_record(kernel: Any) -> None:
-    shown, models = _cell_gauges(kernel, [0.2, 0.6, 0.9])
+    shown, models = _cell_gauges(kernel, [0.2, 0.6, 0.9], show_after=0)
     [panel] = models
     kinds = [(m["msg_type"], sorted(m["content"]["data"])) for m in shown]
     assert kinds == [
@@ -319,6 +326,22 @@ def test_a_long_cell_shows_the_live_panel_in_its_place_then_the_record(kernel: A
     ], kinds
     assert len({m["content"]["transient"]["display_id"] for m in shown}) == 1
     readings = [s["readings"] for s in updates_for(panel, kernel.messages)]
-    assert readings and readings[-1]["elapsed_seconds"] == 0.9
-    assert any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == panel
-               for m in kernel.messages)
+    assert [r["elapsed_seconds"] for r in readings] == [0.2, 0.6, 0.9]
+    closed = {m["content"]["comm_id"] for m in kernel.messages if m["msg_type"] == "comm_close"}
+    layout = kernel.states[panel]["layout"].removeprefix("IPY_MODEL_")
+    assert {panel, layout} <= closed  # the panel and its layout: nothing left open
+
+
+def test_a_bad_snapshot_makes_no_panel(kernel: Any) -> None:
+    msg_id = kernel.run(textwrap.dedent(f"""
+        from sandbox_kernel_ext.notebook.gauges import CellGauges
+        gauges = CellGauges(limits={LIMITS!r}, show_after=0)
+        gauges.show()
+        try:
+            gauges.update({{"elapsed_seconds": 2.0, "memory_mb": float("nan")}})
+        except ValueError as exc:
+            print("refused:", exc)
+        print(gauges.panel)
+        """))
+    assert kernel.text(msg_id, "stdout").splitlines() == [
+        "refused: snapshot['memory_mb'] must be a finite number, got nan", "None"]

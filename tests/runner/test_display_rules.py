@@ -15,6 +15,7 @@ from sandbox_kernel_ext.runner.child.display import markdown_as_html
 from sandbox_kernel_ext.runner.trusted.crossing_text import display_text, stream_text
 from sandbox_kernel_ext.runner.trusted.display import (
     MARKDOWN_NOTE,
+    NO_TYPESETTING,
     UNTRUSTED_NOTE,
     inert_html,
     isolated_html,
@@ -136,6 +137,19 @@ def test_the_text_form_inside_the_frame_is_only_text(text: str, markup: str) -> 
     assert out.count("</iframe") == 1 and out.count("<script") == 1
     assert re.sub(r"</?(pre|p)>", "", inside).count("<") == 0, inside
     assert inside.endswith(f"<p>{html.escape(UNTRUSTED_NOTE, quote=False)}</p>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(plain=st.text(), markup=st.text())
+def test_every_frame_is_kept_from_the_pages_typesetting(plain: str, markup: str) -> None:
+    """JupyterLab's MathJax typesets HTML outputs, and would read the text inside the frame
+    element (TeX links, or work enough to hold the tab): the frame carries the class it
+    skips, whatever the display."""
+    data, _ = safe_bundle({"text/html": markup, "text/plain": plain}, {})
+    frame = data.get("text/html", "")
+    if "<iframe" in frame:
+        assert re.match(rf'<iframe id="[^"]+" class="sandbox-output {NO_TYPESETTING}"', frame)
+        assert frame.count("<iframe") == 1
 
 
 def test_a_tables_text_form_is_its_text_repr_and_html_falls_back_to_its_text() -> None:

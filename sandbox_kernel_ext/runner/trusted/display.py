@@ -47,9 +47,9 @@ from typing import Any
 from .crossing_text import display_text, line_text, valid_unicode
 
 __all__ = [
-    "DisplayOutput", "MAX_BUNDLE_BYTES", "check_bundle", "safe_bundle", "format_error",
-    "inert_html", "inert_html_and_text", "isolated_html", "bundle_size",
-    "namespaced_display_id",
+    "DisplayOutput", "MAX_BUNDLE_BYTES", "NO_TYPESETTING", "UNTRUSTED_NOTE", "check_bundle",
+    "safe_bundle", "format_error", "inert_html", "inert_html_and_text", "isolated_html",
+    "bundle_size", "namespaced_display_id",
 ]
 
 MAX_BUNDLE_BYTES = 8 * 1024 * 1024  # one display's data, as the JSON it arrived in
@@ -65,6 +65,10 @@ MARKDOWN_NOTE = ("[sandbox] Markdown shows as text here: a sandbox's Markdown is
 SLOW_HTML_NOTE = ("[sandbox] HTML too complex to check within its time budget shows as text "
                   "(1 s, and 1 s more per MB)")
 
+# The class JupyterLab's MathJax skips: it typesets HTML outputs, and would find TeX (a
+# `\href` link, or work enough to hold the tab) in the text inside a frame element and in
+# the records that stand for widgets.
+NO_TYPESETTING = "mathjax_ignore"
 UNTRUSTED_NOTE = ("[sandbox] HTML from a sandboxed cell shows as text here: this page removed "
                   "the frame that isolates it (JupyterLab does for a notebook it does not trust)")
 # The text/plain of an object with no text form of its own (IPython's HTML, for one).
@@ -279,7 +283,8 @@ def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "") -
         "window.addEventListener('message',size);})();"
     )
     return (
-        f"<iframe id=\"{frame_id}\" class=\"sandbox-output\" sandbox=\"allow-scripts\" "
+        f"<iframe id=\"{frame_id}\" class=\"sandbox-output {NO_TYPESETTING}\" "
+        "sandbox=\"allow-scripts\" "
         "referrerpolicy=\"no-referrer\" title=\"output of a sandboxed cell\" "
         "style=\"width:100%;height:120px;border:0;border-left:3px solid #d0d7de;"
         "box-sizing:border-box;display:block\" "
