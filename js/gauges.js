@@ -88,8 +88,8 @@ export function isUsed(key, value) {
 }
 
 /**
- * What each gauge shows, as plain data: {key, label, value, max, state, percent, text, words,
- * ariaText, used}. `max` is null when the gauge has no limit (then the view shows no bar). After the
+ * What each gauge shows, as plain data: {key, label, value, max, state, percent, text, short,
+ * words, ariaText, used}; `short` is what the compact line shows. `max` is null when the gauge has no limit (then the view shows no bar). After the
  * run (`frozen`) the memory gauge shows the peak, which is what a summary is about, and the CPU
  * gauge drops its momentary rate.
  */
@@ -106,7 +106,9 @@ export function gaugeSpecs(readings, limits, { frozen = false, thresholds } = {}
     const state = value === null ? (max === null ? "none" : "ok") : gaugeState(value, max, t);
     const words = stateWords(state, rr);
     let text = (peakOnly ? "peak " : "") + g.format(value);
-    if (max !== null) text += ` of ${g.format(max)} (${formatPercent(rr)})`;
+    if (max !== null) text += ` of ${g.format(max)}`;
+    const short = text; // the compact line: the value against its limit, nothing more
+    if (max !== null) text += ` (${formatPercent(rr)})`;
     if (g.key === "cpu" && !frozen && isNumber(r.cpu_percent)) {
       text += ` · ${Math.round(r.cpu_percent)}% now`;
     }
@@ -127,6 +129,7 @@ export function gaugeSpecs(readings, limits, { frozen = false, thresholds } = {}
       peakPercent:
         g.key === "memory" && !frozen ? ratioPercent(r.peak_memory_mb, max) : null,
       text,
+      short,
       words,
       ariaText,
       used: isUsed(g.key, value),
@@ -187,6 +190,9 @@ const CSS = `
 .skx-gauges--compact .skx-gauge { display: inline-flex; align-items: center; gap: 4px; }
 .skx-gauges--compact .skx-gauge__slot { width: 5em; }
 .skx-gauges--compact .skx-gauge[data-used="false"] { display: none; }
+.skx-gauge__short { display: none; }
+.skx-gauges--compact .skx-gauge__short { display: inline; }
+.skx-gauges--compact .skx-gauge__text { display: none; }
 `;
 
 function child(doc, parent, tag, className) {
@@ -201,6 +207,7 @@ function applySpec(doc, row, spec) {
   row.root.setAttribute("data-state", spec.state);
   row.root.setAttribute("data-used", String(spec.used));
   row.label.textContent = spec.label;
+  row.short.textContent = spec.short;
   row.text.textContent = spec.text;
   row.badge.textContent = spec.words;
   if (spec.max === null) {
@@ -263,6 +270,7 @@ function render({ model, el }) {
     row.root.setAttribute("data-gauge", g.key);
     row.label = child(doc, row.root, "span", "skx-gauge__label");
     row.slot = child(doc, row.root, "div", "skx-gauge__slot");
+    row.short = child(doc, row.root, "span", "skx-gauge__short");
     row.text = child(doc, row.root, "span", "skx-gauge__text");
     row.badge = child(doc, row.root, "span", "skx-gauge__badge");
     row.bar = row.fill = row.peak = null;

@@ -308,6 +308,15 @@ describe("render", () => {
     assert.equal(row("memory").getAttribute("data-used"), "true");
   });
 
+  it("keeps the compact line short: the value against its limit, details in the panel", () => {
+    const specs = gaugeSpecs(snapshot({ approval_wait_seconds: 3 }), LIMITS);
+    assert.equal(specs.find((s) => s.key === "elapsed").short, "2.0 s of 20.0 s");
+    assert.match(specs.find((s) => s.key === "elapsed").text, /waiting for your answer/);
+    assert.equal(specs.find((s) => s.key === "cpu").short, "1.0 s of 10.0 s");
+    const frozen = gaugeSpecs(snapshot({ peak_memory_mb: 150 }), LIMITS, { frozen: true });
+    assert.equal(frozen.find((s) => s.key === "memory").short, "peak 150 MB of 200 MB");
+  });
+
   it("marks tokens and cost as used only once something reported them", () => {
     const { model, row } = mount({ limits: LIMITS, readings: snapshot() });
     assert.equal(row("tokens").getAttribute("data-used"), "false");

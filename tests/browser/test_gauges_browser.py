@@ -83,6 +83,9 @@ def test_gauges_move_and_change_colour_while_the_cell_runs(open_notebook: Any) -
         assert nb.is_running(1), "the page should move while the cell is still running"
         row = nb.output(0).locator('[data-gauge="memory"]')
         assert row.get_attribute("data-state") == "danger"
+        text = row.inner_text()  # one line: the value against its limit, and words
+        assert "95 MB of 100 MB" in text and "(95%)" not in text and "near limit" in text
+        nb.output(0).get_by_role("button", name="details").click()  # the full panel
         text = row.inner_text()
         assert "95 MB of 100 MB (95%)" in text and "near limit" in text  # not colour alone
         flag.touch()

@@ -290,7 +290,7 @@ def test_sandboxed_output_cannot_script_the_page_and_harmless_output_shows(
         for script in state["scripts"]:
             assert script.startswith(PAGE_SCRIPT_START), script[:200]
             assert "PW" not in script and "pwned" not in script and "<" not in script
-        output_frames = [f for f in state["frames"] if f["cls"] == "sandbox-output"]
+        output_frames = [f for f in state["frames"] if "sandbox-output" in f["cls"].split()]
         # table, DataFrame, 6 hostile HTML and 3 hostile Markdown (rendered as HTML, isolated)
         assert len(output_frames) == 11, state["frames"]
         for frame in output_frames:
