@@ -291,3 +291,23 @@ def open_notebook(
                     except urllib.error.HTTPError as error:
                         if error.code != 404:
                             raise
+
+
+@pytest.fixture
+def roots() -> Iterator[Path]:
+    """A folder with a policy (`policy.yaml`) whose `data/` folder is writable with a yes for
+    each write; readable by the unprivileged uid a root kernel's sandbox runs as."""
+    base = Path(tempfile.mkdtemp(prefix="sbx-browser-"))
+    try:
+        (base / "data").mkdir()
+        for folder in (base, base / "data"):
+            os.chmod(folder, 0o755)
+        (base / "policy.yaml").write_text(
+            "filesystem_config: {mode: read_only, readable_paths: []}\n"
+            "paths:\n"
+            f"  data: {{root: {base / 'data'}, mode: rw, write_approval: true}}\n"
+            "resource_limits: {max_memory_mb: 512}\n"
+        )
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -9,13 +9,8 @@ waiting cell there (the README's screenshot is made this way).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 SETUP = """\
 %load_ext sandbox_kernel_ext
@@ -56,24 +51,6 @@ WATCH = """(output) => {
   new MutationObserver(record).observe(output, {subtree: true, childList: true,
     attributes: true, attributeFilter: ['aria-valuenow']});
 }"""
-
-
-@pytest.fixture
-def roots() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="sbx-browser-"))
-    try:
-        (base / "data").mkdir()
-        for folder in (base, base / "data"):
-            os.chmod(folder, 0o755)  # a root kernel's sandbox runs as an unprivileged uid
-        (base / "policy.yaml").write_text(
-            "filesystem_config: {mode: read_only, readable_paths: []}\n"
-            "paths:\n"
-            f"  data: {{root: {base / 'data'}, mode: rw, write_approval: true}}\n"
-            "resource_limits: {max_memory_mb: 512}\n"
-        )
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_sandboxed_cell_shows_gauges_and_waits_for_approve_then_deny(

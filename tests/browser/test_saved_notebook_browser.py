@@ -7,15 +7,10 @@ sanitiser removes the isolating frame), never a blank."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
-import pytest
 from browser_waits import wait_for
 
 from sandbox_kernel_ext.runner.trusted.display import UNTRUSTED_NOTE
@@ -46,23 +41,6 @@ with open({target!r}, "w") as f:
 print("written")
 """
 NOT_SHOWN = ("model not found", "Error displaying widget", "Loading widget")
-
-
-@pytest.fixture
-def roots() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="sbx-saved-"))
-    try:
-        (base / "data").mkdir()
-        for folder in (base, base / "data"):
-            os.chmod(folder, 0o755)  # a root kernel's sandbox runs as an unprivileged uid
-        (base / "policy.yaml").write_text(
-            "filesystem_config: {mode: read_only, readable_paths: []}\n"
-            "paths:\n"
-            f"  data: {{root: {base / 'data'}, mode: rw, write_approval: true}}\n"
-        )
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _saved(path: Path) -> dict[str, Any]:
