@@ -67,6 +67,13 @@ def _readings(where: str, snapshot: Mapping[str, Any], keys: tuple[str, ...]) ->
     return {k: _number(where, k, snapshot[k]) for k in keys if snapshot.get(k) is not None}
 
 
+def _checked_outcome(outcome: Any) -> str:
+    """How a run ended, as the summary line says it."""
+    if not isinstance(outcome, str) or not outcome.strip():
+        raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
+    return outcome.strip()
+
+
 def _limits(limits: Mapping[str, Any]) -> dict[str, float | None]:
     if not isinstance(limits, Mapping):
         raise TypeError(f"limits must be a dict, got {type(limits).__name__}")
@@ -314,8 +321,7 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
         """Turn the panel into the run's summary: final usage and how the run ended, in one
         message. A displayed panel is then replaced by its record (`record_bundle`), which a
         saved notebook shows without the kernel, and closed."""
-        if not isinstance(outcome, str) or not outcome.strip():
-            raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
+        outcome = _checked_outcome(outcome)
         readings = _readings("resource_usage", resource_usage, SNAPSHOT_KEYS + _SUMMARY_KEYS)
         self._adopt_cell()
         with self._write_lock:
@@ -323,7 +329,7 @@ class GaugePanel(anywidget.AnyWidget):  # type: ignore[misc]
                 return
             with self.hold_sync():
                 self.readings = readings
-                self.outcome = outcome.strip()
+                self.outcome = outcome
         if self._handle is not None:
             self._handle.update(record_bundle(self.readings, self.limits, self.outcome),
                                 raw=True)
@@ -405,8 +411,7 @@ class CellGauges:
 
     def freeze(self, resource_usage: Mapping[str, Any], *, outcome: str) -> None:
         """Replace whatever shows by the run's record; later snapshots are ignored."""
-        if not isinstance(outcome, str) or not outcome.strip():
-            raise ValueError(f"outcome must be a non-empty string, got {outcome!r}")
+        outcome = _checked_outcome(outcome)
         readings = _readings("resource_usage", resource_usage, SNAPSHOT_KEYS + _SUMMARY_KEYS)
         with self._lock:
             if self._done:
@@ -415,10 +420,10 @@ class CellGauges:
             panel, handle = self.panel, self._handle
         try:
             if self._in_terminal:
-                print(summary_line(readings, self.limits, outcome.strip()), flush=True)
+                print(summary_line(readings, self.limits, outcome), flush=True)
             elif handle is not None and self._cell is not None:
                 adopt_cell_parent(*self._cell)
-                handle.update(record_bundle(readings, self.limits, outcome.strip()), raw=True)
+                handle.update(record_bundle(readings, self.limits, outcome), raw=True)
         finally:
             if panel is not None:
                 panel.retire()
