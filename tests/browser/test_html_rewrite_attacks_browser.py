@@ -427,25 +427,43 @@ def live(run: Run, layer: str) -> set[str]:
     return found
 
 
-def settled(run: Run, done: Callable[[], bool]) -> None:
-    """Wait (bounded) until `done()` with the run's effects read anew: a refresh or a late
-    load comes when it comes, on a loaded machine after the settling time. The outputs are
-    scrolled through again each time: Chromium holds back frames it has not shown (seen
-    under load: no refresh came in 120 s while the frames were out of view)."""
-    deadline = time.monotonic() + 120
-    while not done() and time.monotonic() < deadline:
-        run.page.evaluate(SCROLL_THROUGH)
-        time.sleep(0.25)
+def settled(run: Run, layer: str, wanted: set[str], done: Callable[[], bool]) -> None:
+    """Wait (bounded) until `done()`, with the run's effects read anew: a refresh or a late
+    load comes when it comes, on a loaded machine well after the settling time.
+
+    Chromium throttles cross-origin frames out of view (timers and rendering; the frames
+    here all have opaque origins), and a refresh in such a frame was seen not to come in
+    120 s, even with the outputs scrolled through in steps. So each frame whose payload
+    (`wanted`, in `layer`) has not acted yet is brought into view in turn and kept there
+    for a while before the next."""
+    started = time.monotonic()
+    deadline = started + 180
+
+    def read() -> None:
         run.seen = run.data["sink"].seen[run.data["sink_start"]:]
         run.pwned = run.page.evaluate("window.pwnedLog")
         run.data["frames"] = [frame.url for frame in run.page.frames[1:]]
+
+    read()
+    while not done() and time.monotonic() < deadline:
+        for ident in sorted(wanted - live(run, layer)):
+            frames = run.page.locator(f"iframe[srcdoc*='/{layer}/{ident}/']")
+            if frames.count():
+                frames.first.scroll_into_view_if_needed()
+            dwell = time.monotonic() + 5
+            while ident not in live(run, layer) and time.monotonic() < min(dwell, deadline):
+                time.sleep(0.25)
+                read()
+        time.sleep(0.25)
+        read()
+    print(f"{layer}: waited {time.monotonic() - started:.1f} s for the effects")
 
 
 def test_control_undefended_payloads_are_live(html_run: Run) -> None:
     """Without the rewrite and the CSP, the payloads load, run and navigate: the detectors
     below see every kind of effect."""
-    settled(html_run, lambda: MUST_BE_LIVE <= live(html_run, "raw") and any(
-        "/raw/nav-" in url for url in html_run.data["frames"]))
+    settled(html_run, "raw", MUST_BE_LIVE, lambda: MUST_BE_LIVE <= live(html_run, "raw")
+            and any("/raw/nav-" in url for url in html_run.data["frames"]))
     raw = live(html_run, "raw")
     print("live when undefended:", sorted(raw))
     print("inert even undefended:", sorted(set(html_run.data["ids"]) - raw))
@@ -471,7 +489,7 @@ def test_frame_csp_alone_stops_every_script_and_load(html_run: Run) -> None:
     # The control: a refresh still navigates there. On a loaded machine it may come after
     # the settling time: wait for it (the page stays open until the module's end)
     navigations = {i for i in live(html_run, "raw") if i.startswith("nav-")}
-    settled(html_run, lambda: bool(navigations & live(html_run, "csp")))
+    settled(html_run, "csp", navigations, lambda: bool(navigations & live(html_run, "csp")))
     csp = live(html_run, "csp")
     assert {i for i in csp if not i.startswith("nav-")} == set(), csp
     assert navigations & csp, (
@@ -594,7 +612,7 @@ def click_run(lab_server: Any, browser_context: Any, sink: Any) -> Iterator[Run]
 def test_click_control_undefended_links_and_forms_act(click_run: Run) -> None:
     acting = {"c-default", "c-form", "c-self", "c-area-self", "c-fo-html", "c-js",
               *[a for a in SVG_ANCHORS + SMIL_TARGET if "-md-" not in a]}
-    settled(click_run, lambda: acting <= live(click_run, "raw"))
+    settled(click_run, "raw", acting, lambda: acting <= live(click_run, "raw"))
     found = live(click_run, "raw")
     print("undefended clicks that acted:", sorted(found))
     assert acting <= found, found
