@@ -20,9 +20,11 @@ format by format, what crosses and how it renders (docs/guarantees.md has the ta
   and would render raw HTML and make links. This side never renders Markdown: a display
   with Markdown and no HTML (only a hostile child sends one) shows as text, with a line
   saying why;
-- dropped: `text/latex` (MathJax again), `application/javascript`, every renderer-specific
-  type (`application/vnd.*`: widgets, plotly, vega...) and anything else; the text/plain form
-  still shows, and for a widget a line says why it is not live.
+- drawn in the same frame: a plotly figure (`charts.py`), as data, by the plotly.js of the
+  kernel's own environment;
+- dropped: `text/latex` (MathJax again), `application/javascript`, every other
+  renderer-specific type (`application/vnd.*`: widgets, vega, bokeh...) and anything else;
+  the text/plain form still shows, and for a widget or a chart a line says why.
 
 Each conversion here is linear in its input or runs under a time budget (`inert_html`), so
 no display holds the kernel's thread past it; a format that passes its budget shows as text,
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import html
 import json
 import re
@@ -44,6 +45,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
+from .charts import (CHART_NOTES, PLOTLY_MIME, TrustedScript, library_bytes, plotly_parts,
+                     trusted_script)
 from .crossing_text import display_text, line_text, valid_unicode
 
 __all__ = [
@@ -81,9 +84,14 @@ _OBJECT_REPR = re.compile(r"<[\w.]+ object( at 0x[0-9a-f]+)?>\Z")
 _SIZER = ("new ResizeObserver(function(){var d=document.documentElement;parent.postMessage("
           "{sandboxFrameHeight:Math.ceil(d.getBoundingClientRect().height)+innerHeight-"
           "d.clientHeight},'*')}).observe(document.documentElement);")
-_SIZER_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SIZER.encode()).digest()).decode()
-_FRAME_POLICY = (f"default-src 'none'; script-src '{_SIZER_HASH}'; style-src 'unsafe-inline'; "
-                 "img-src data:; font-src data:; media-src data:; form-action 'none'")
+_SIZER_SCRIPT = trusted_script(_SIZER)
+
+
+def _frame_policy(scripts: tuple[TrustedScript, ...]) -> str:
+    """The frame's CSP: only the given scripts run (by hash), nothing is fetched."""
+    sources = " ".join(script.source for script in (_SIZER_SCRIPT, *scripts))
+    return (f"default-src 'none'; script-src {sources}; style-src 'unsafe-inline'; "
+            "img-src data:; font-src data:; media-src data:; form-action 'none'")
 
 
 @dataclass(frozen=True)
@@ -251,7 +259,8 @@ def inert_html_and_text(markup: str) -> tuple[str, str] | None:
     return "".join(parser.out), "\n".join(line for line in lines if line.strip())
 
 
-def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "") -> str:
+def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "",
+                  scripts: tuple[TrustedScript, ...] = ()) -> str:
     """`markup` inside a sandboxed iframe with an opaque origin, under a CSP that runs only
     the sizing script; the page-side script (ours, with no sandbox bytes in it) sizes the
     frame to its content.
@@ -259,11 +268,14 @@ def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "") -
     `text` (its text form) goes inside the iframe element: a browser never shows an
     iframe's content, but a notebook reopened untrusted passes the output through
     JupyterLab's sanitiser, which drops the frame and keeps what was inside it, so the text
-    shows there with a line saying why, not a blank."""
+    shows there with a line saying why, not a blank.
+
+    `scripts` (a chart library and its start-up, `charts.py`: never a sandbox's bytes) run
+    after the markup, each pinned by its hash."""
     frame_id = frame_id or "sandbox-frame-" + secrets.token_hex(8)
     document = (
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_FRAME_POLICY}\">"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_frame_policy(scripts)}\">"
         f"<script>{_SIZER}</script>"
         # A link clicked in the frame opens nothing (no popups allowed), rather than
         # navigating the frame to a page that could pass for part of the notebook.
@@ -273,7 +285,8 @@ def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "") -
         "table{border-collapse:collapse;border:none;font-size:12px}"
         "th,td{border:none;padding:4px 8px;text-align:right}thead th{border-bottom:1px solid #bbb}"
         "tbody tr:nth-child(odd){background:#f5f5f5}tbody tr:hover{background:#e1f0fa}</style>"
-        f"</head><body>{markup}</body></html>"
+        f"</head><body>{markup}{''.join(f'<script>{s.text}</script>' for s in scripts)}"
+        "</body></html>"
     )
     page_script = (
         "(function(){var f=document.getElementById('" + frame_id + "');if(!f)return;"
@@ -316,8 +329,18 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
                 data["application/json"], ensure_ascii=False, allow_nan=False)))
         except (TypeError, ValueError, RecursionError):
             pass
-    notes: list[str] = []
+    notes = [note for prefix, note in CHART_NOTES.items() if any(
+        str(mime).startswith(prefix) for mime in data)]
     markup, markdown = data.get("text/html"), data.get("text/markdown")
+    if PLOTLY_MIME in data:
+        # The figure is what shows: plotly's own HTML only loads plotly.js from a network.
+        markup = markdown = None
+        parts = plotly_parts(data[PLOTLY_MIME])
+        if isinstance(parts, str):
+            notes.append(parts)
+        else:
+            out["text/html"] = isolated_html(parts[0], text=display_text(plain),
+                                             scripts=parts[1])
     if isinstance(markup, str):
         converted = inert_html_and_text(markup)
         if converted is not None:
@@ -349,8 +372,8 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
 
 def bundle_size(data: dict[str, Any]) -> int:
     """About how many bytes a bundle takes once made safe (what the per-cell cap counts)."""
-    return sum(len(value) if isinstance(value, str) else len(json.dumps(value))
-               for value in data.values())
+    return sum(len(value) - library_bytes(value) if isinstance(value, str)
+               else len(json.dumps(value)) for value in data.values())
 
 
 def namespaced_display_id(session: str, display_id: Any) -> str | None:

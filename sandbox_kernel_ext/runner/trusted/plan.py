@@ -512,8 +512,11 @@ def child_environment(
     return env
 
 
-# A session's cells run in one long-lived process: matplotlib draws through our backend.
-SESSION_ENV = {"MPLBACKEND": "module://sandbox_kernel_ext.runner.child.figures"}
+# A session's cells run in one long-lived process: matplotlib draws through our backend, and
+# a plotly figure displays as its data (which the trusted side draws, `charts.py`), not as
+# HTML that loads plotly.js from a network.
+SESSION_ENV = {"MPLBACKEND": "module://sandbox_kernel_ext.runner.child.figures",
+               "PLOTLY_RENDERER": "plotly_mimetype"}
 
 
 def rlimits_for(capability: CapabilityDeclaration, kind: str = "python",
