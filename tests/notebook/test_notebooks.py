@@ -47,5 +47,9 @@ def test_notebook_runs_headless(path: Path) -> None:
     assert "session ended: Memory limit exceeded" in text
     assert "(3.875, 8)" in text  # a session keeps state: the second cell used the first's
     assert "region" in text  # a DataFrame (its plain form; the page shows its HTML)
+    charts = [output.data["text/html"] for cell in notebook.cells
+              for output in cell.get("outputs", []) if "Plotly.newPlot" in
+              output.get("data", {}).get("text/html", "")]
+    assert len(charts) == 1 and "sandbox-output" in charts[0]  # plotly, in its frame
     assert "no answer: input() in a sandboxed cell cannot be answered here" in text
     assert "read_file" in text  # the in-kernel toolset
