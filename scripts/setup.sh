@@ -47,6 +47,11 @@ case ",$extras," in
         # It asks for the whole `pydantic-ai` (every model provider's SDK); the `pydantic_ai`
         # module it imports comes with pydantic-ai-slim, which the test extra installs.
         quiet_pip --no-deps "pydantic-ai-blocking-approval==0.8.0"
-        bash scripts/system_deps.sh ;;  # Chromium and Node.js for the test suite
+        bash scripts/system_deps.sh  # Chromium and Node.js for the test suite
+        # JupyterHub's proxy, for the multi-user test (JupyterHub itself is a test extra).
+        if [ ! -x .venv/hub-proxy/node_modules/.bin/configurable-http-proxy ]; then
+            npm install --silent --no-audit --no-fund --prefix .venv/hub-proxy \
+                configurable-http-proxy@4 >/dev/null
+        fi ;;
 esac
 .venv/bin/python -c "import sandbox_kernel_ext" >/dev/null
