@@ -19,7 +19,6 @@ a link or download a PNG (no popups, no downloads); a click on a link does nothi
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import html
 import importlib.util
@@ -65,15 +64,19 @@ _START = ("document.addEventListener('click',function(e){var t=e.target;"
 
 
 class TrustedScript(NamedTuple):
-    """A script an isolated frame may run, with its CSP hash source."""
+    """A script an isolated frame may run: its CSP hash source, and its element escaped
+    once for a frame's srcdoc attribute (plotly.js is megabytes; escaping is per character,
+    so the pieces of a document can be escaped apart)."""
 
     text: str
     source: str
+    element: str
 
 
 def trusted_script(text: str) -> TrustedScript:
     digest = base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
-    return TrustedScript(text, f"'sha256-{digest}'")
+    return TrustedScript(text, f"'sha256-{digest}'",
+                         html.escape(f"<script>{text}</script>", quote=True))
 
 
 START_SCRIPT = trusted_script(_START)
@@ -144,20 +147,9 @@ def plotly_parts(figure: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
 def library_bytes(frame_html: str) -> int:
     """How much of an isolated frame's HTML is a chart library (the same few MB in every
     chart, not the sandbox's): a cell's display cap counts only the rest. Found by the
-    library's escaped start right after an escaped `<script>` tag, which a sandbox's markup
-    never yields (`inert_html` writes no script element, and escapes every `<` in text)."""
+    library's escaped element, whose escaped `<script>` tag a sandbox's markup never yields
+    (`inert_html` writes no script element, and escapes every `<` in text)."""
     with _cache_lock:
         libraries = list(_cache.values())
-    total = 0
-    for library in libraries:
-        marker, length = _escaped(library)
-        if marker in frame_html:
-            total += length
-    return total
-
-
-@functools.lru_cache(maxsize=4)
-def _escaped(library: TrustedScript) -> tuple[str, int]:
-    """What marks the library in a frame's srcdoc, and its length there."""
-    return (html.escape(f"<script>{library.text[:4096]}", quote=True),
-            len(html.escape(library.text, quote=True)))
+    return sum(len(library.element) for library in libraries
+               if library.element[:4096] in frame_html)

@@ -285,9 +285,10 @@ def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "",
         "table{border-collapse:collapse;border:none;font-size:12px}"
         "th,td{border:none;padding:4px 8px;text-align:right}thead th{border-bottom:1px solid #bbb}"
         "tbody tr:nth-child(odd){background:#f5f5f5}tbody tr:hover{background:#e1f0fa}</style>"
-        f"</head><body>{markup}{''.join(f'<script>{s.text}</script>' for s in scripts)}"
-        "</body></html>"
+        f"</head><body>{markup}"
     )
+    srcdoc = (html.escape(document, quote=True) + "".join(s.element for s in scripts)
+              + html.escape("</body></html>", quote=True))
     page_script = (
         "(function(){var f=document.getElementById('" + frame_id + "');if(!f)return;"
         "function size(e){if(!f.isConnected){window.removeEventListener('message',size);"
@@ -301,7 +302,7 @@ def isolated_html(markup: str, *, frame_id: str | None = None, text: str = "",
         "referrerpolicy=\"no-referrer\" title=\"output of a sandboxed cell\" "
         "style=\"width:100%;height:120px;border:0;border-left:3px solid #d0d7de;"
         "box-sizing:border-box;display:block\" "
-        f"srcdoc=\"{html.escape(document, quote=True)}\">{_untrusted_form(text)}</iframe>"
+        f"srcdoc=\"{srcdoc}\">{_untrusted_form(text)}</iframe>"
         f"<script>{page_script}</script>"
     )
 
