@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from ..policy.write_protected import kernel_workdirs
 from ..policy.models import CapabilityDeclaration, SandboxResult
 from ..policy.narrowing import Narrowing, NarrowingError, lower_only, narrow
 from ..policy.parser import CapabilityParser
+from ..runner.linux.remove_tree import remove_tree
 from .kernel_routing import shell_click_delivery
 from .table import Table
 
@@ -229,7 +229,7 @@ class _Resources:
             _close(self.broker.responder)
             self.broker.responder = HeadlessResponder(self.headless_decision)
         if self.workspace is not None:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+            remove_tree(self.workspace)
             self.workspace = None
 
 

@@ -28,6 +28,13 @@ import plotly.express as px
 fig = px.scatter(x=[1, 2, 3], y=[3, 1, 2], title="plotly from a sandbox")
 fig
 """
+ALTAIR_CELL = """\
+%%sandbox --quiet
+import altair as alt, pandas as pd
+points = pd.DataFrame({"a": [1, 2, 3], "b": [3, 1, 2]})
+alt.Chart(points, title="altair from a sandbox").mark_point(size=200).encode(
+    x="a", y="b", tooltip=["a", "b"]).interactive()
+"""
 MARK = "PW" + "NED"  # put together at run time, so the cells' source never shows it
 # The page's own state: what a script that escaped into the page would change.
 WATCH = """() => { window.titleLog = [document.title]; window.pwnedLog = [];
@@ -50,7 +57,7 @@ def hostile_cell(sink: str) -> str:
             "title": {"text": f"<a href='{sink}/title-link' target='_self'>hostile title</a>"},
             "images": [{"source": f"{sink}/layout-image", "xref": "paper", "yref": "paper",
                         "x": 0, "y": 1, "sizex": 0.2, "sizey": 0.2}],
-            "annotations": [{"text": f"<a href='javascript:top.postMessage({{pwned:1}},`*`)'>"
+            "annotations": [{"text": "<a href='javascript:top.postMessage({pwned:1},`*`)'>"
                                      "js link</a>", "x": 2, "y": 2}],
             "geo": {"domain": {"x": [0.7, 1], "y": [0.7, 1]}},
         },
@@ -60,6 +67,39 @@ def hostile_cell(sink: str) -> str:
     }
     return ("%%sandbox --quiet\nfrom IPython.display import display\n"
             f"display({{'application/vnd.plotly.v1+json': {figure!r}, 'text/plain': 'f'}}, "
+            "raw=True)\n")
+
+
+def hostile_vega_cell(sink: str) -> str:
+    """A Vega-Lite spec pointing Vega at the sink: data, an image mark, a link on a mark
+    (clicked below), a tooltip with markup, an expression reaching for the page."""
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "title": "hostile spec",
+        # Vega-Embed takes options from the spec: a link opening in the frame itself.
+        "usermeta": {"embedOptions": {"loader": {"target": "_self"}, "actions": True}},
+        "layer": [
+            {"data": {"url": f"{sink}/vega-data.json"}, "mark": "point",
+             "encoding": {"x": {"field": "a", "type": "quantitative"}}},
+            {"data": {"values": [{"a": 1, "u": f"{sink}/vega-href",
+                                  "t": "<img src=x onerror=alert(1)>"}]},
+             "mark": {"type": "point", "size": 4000, "filled": True},
+             "encoding": {"x": {"field": "a", "type": "quantitative"},
+                          "href": {"field": "u"}, "tooltip": {"field": "t"}}},
+            {"data": {"values": [{"a": 2, "img": f"{sink}/vega-image"}]},
+             "mark": {"type": "image", "width": 20, "height": 20},
+             "encoding": {"x": {"field": "a", "type": "quantitative"},
+                          "url": {"field": "img"}}},
+        ],
+    }
+    # An expression that reaches for the page: Vega's interpreter knows no `window`, and
+    # the chart says it could not be drawn (shown after the first, which the test clicks).
+    reach = {"$schema": spec["$schema"], "data": {"values": [{"a": 3}]}, "mark": "text",
+             "encoding": {"text": {"value": {
+                 "expr": "toString(window) + toString(parent.document.cookie)"}}}}
+    return ("%%sandbox --quiet\nfrom IPython.display import display\n"
+            f"for spec in ({spec!r}, {reach!r}):\n"
+            "    display({'application/vnd.vegalite.v6.json': spec, 'text/plain': 'v'}, "
             "raw=True)\n")
 
 
@@ -140,8 +180,66 @@ def chart_frame(page: Any, index: int) -> Any:
     return frame
 
 
+def assert_plotly_is_interactive(page: Any, index: int) -> None:
+    """Its points drawn, a hover label on one, and a drag that zooms."""
+    inner = chart_frame(page, index).content_frame
+    points = inner.locator(".scatterlayer .point")
+    wait_for("the chart's three points", lambda: points.count() == 3)
+    assert "plotly from a sandbox" in inner.locator(".gtitle").text_content()
+    box = points.nth(0).bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    wait_for("a hover label on the point", lambda: inner.locator(".hovertext").count() > 0)
+    plot = inner.locator(".nsewdrag").first.bounding_box()
+    before = inner.locator("#plot").evaluate("p => p.layout.xaxis.range.slice()")
+    page.mouse.move(plot["x"] + plot["width"] * 0.2, plot["y"] + plot["height"] * 0.3)
+    page.mouse.down()
+    page.mouse.move(plot["x"] + plot["width"] * 0.6, plot["y"] + plot["height"] * 0.7, steps=8)
+    page.mouse.up()
+    wait_for("the drag to zoom the x axis", lambda: inner.locator("#plot").evaluate(
+        "p => p.layout.xaxis.range.slice()") != before)
+
+
+def assert_altair_is_interactive(page: Any, index: int) -> None:
+    """Its points drawn, a tooltip on one, and a wheel that zooms (`.interactive()`)."""
+    inner = chart_frame(page, index).content_frame
+    points = inner.locator("g.mark-symbol path")
+    wait_for("the chart's three points", lambda: points.count() == 3)
+    assert "altair from a sandbox" in inner.locator("g.role-title").text_content()
+    box = points.nth(0).bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    wait_for("a tooltip on the point",
+             lambda: inner.locator("#vg-tooltip-element.visible").count() == 1)
+    ticks = inner.locator("g.role-axis-label").first
+    before = ticks.text_content()
+    page.mouse.wheel(0, -400)
+    wait_for("the wheel to zoom the axis", lambda: ticks.text_content() != before)
+
+
+def click_hostile_links(page: Any) -> None:
+    """A person's clicks on the hostile charts' links: plotly's title link and Vega's mark
+    with an `href` (without the frames' guards, each navigates its frame to the sink: tried
+    when written)."""
+    plotly = chart_frame(page, 3).content_frame
+    wait_for("the hostile figure drawn", lambda: plotly.locator(".main-svg").count() > 0)
+    title_link = plotly.locator(".gtitle a")
+    assert title_link.count() == 1, plotly.locator(".main-svg").first.inner_html()[:500]
+    title_link.dispatch_event("click")
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(4)
+    frames = cell.locator("iframe.sandbox-output")
+    assert frames.count() == 2
+    reach = frames.nth(1).content_frame
+    wait_for("the reaching expression refused", lambda: "could not be drawn" in (
+        reach.locator("#chart").text_content() or ""))
+    frames.nth(0).scroll_into_view_if_needed()
+    vega = frames.nth(0).content_frame
+    wait_for("the hostile spec drawn", lambda: vega.locator("g.role-title").count() == 1)
+    mark = vega.locator("g.mark-symbol path").last
+    box = mark.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+
+
 @pytest.mark.parametrize("frontend", ["lab", "notebook"])
-def test_a_plotly_chart_from_a_sandbox_is_interactive_and_isolated(
+def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
         frontend: str, lab_server: Any, browser_context: Any, sink: Any) -> None:
     name = f"charts-{frontend}.ipynb"
     start = len(sink.seen)
@@ -153,37 +251,14 @@ def test_a_plotly_chart_from_a_sandbox_is_interactive_and_isolated(
 
     browser_context.on("requestfinished", record)
     page = open_page(lab_server, browser_context, frontend, name,
-                     [SETUP, CHART_CELL, hostile_cell(sink.base), control_cell(sink.base)])
+                     [SETUP, CHART_CELL, ALTAIR_CELL, hostile_cell(sink.base),
+                      hostile_vega_cell(sink.base), control_cell(sink.base)])
     try:
         cookies = {c["name"]: c["value"] for c in page.context.cookies(lab_server.url)}
-        # -- the chart: drawn, and a person can hover and zoom ----------------------------------
-        frame = chart_frame(page, 1)
-        inner = frame.content_frame
-        points = inner.locator(".scatterlayer .point")
-        wait_for("the chart's three points", lambda: points.count() == 3)
-        assert "plotly from a sandbox" in inner.locator(".gtitle").text_content()
-        box = points.nth(0).bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        wait_for("a hover label on the point", lambda: inner.locator(".hovertext").count() > 0)
-        plot = inner.locator(".nsewdrag").first.bounding_box()
-        before = inner.locator("#plot").evaluate("p => p.layout.xaxis.range.slice()")
-        page.mouse.move(plot["x"] + plot["width"] * 0.2, plot["y"] + plot["height"] * 0.3)
-        page.mouse.down()
-        page.mouse.move(plot["x"] + plot["width"] * 0.6, plot["y"] + plot["height"] * 0.7,
-                        steps=8)
-        page.mouse.up()
-        wait_for("the drag to zoom the x axis", lambda: inner.locator("#plot").evaluate(
-            "p => p.layout.xaxis.range.slice()") != before)
-
-        # -- the hostile figure: drawn, and nothing it points at is reached -----------------
-        hostile = chart_frame(page, 2).content_frame
-        wait_for("the hostile figure drawn", lambda: hostile.locator(".main-svg").count() > 0)
-        # A person's click on the title's link (without the frame's guard, this navigates
-        # the frame to the sink: tried when written).
-        title_link = hostile.locator(".gtitle a")
-        assert title_link.count() == 1, hostile.locator(".main-svg").first.inner_html()[:500]
-        title_link.dispatch_event("click")
-        control = page.locator(".jp-Notebook .jp-Cell").nth(3)
+        assert_plotly_is_interactive(page, 1)
+        assert_altair_is_interactive(page, 2)
+        click_hostile_links(page)
+        control = page.locator(".jp-Notebook .jp-Cell").nth(5)
         control.scroll_into_view_if_needed()
         wait_for("the control's load at the sink",
                  lambda: "/control-image" in sink.seen[start:])

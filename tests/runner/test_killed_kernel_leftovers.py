@@ -31,12 +31,19 @@ session.run_cell("x = 1")
 workspace = tempfile.mkdtemp(prefix="sandbox-workspace-")
 open(os.path.join(workspace, "notes.txt"), "w").write("kept until the end")
 manager.own_folder(workspace)
+if sys.argv[1] == "kill-deep":  # deeper than shutil.rmtree's recursion reaches (3.11)
+    fd = os.open(workspace, os.O_RDONLY)
+    for _ in range(2000):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
 print(json.dumps({"home": manager._get(sid).home, "workspace": workspace,
                   "launcher": manager.launcher_pid}), flush=True)
 how = sys.argv[1]
 if how == "exit":
     os._exit(1)
-if how == "kill":
+if how.startswith("kill"):
     os.kill(os.getpid(), signal.SIGKILL)
 manager.close()
 print(json.dumps({"workspace_after_close": os.path.exists(workspace)}), flush=True)
@@ -63,7 +70,7 @@ def _gone(path: str, launcher: int) -> bool:
     return not os.path.exists(path)
 
 
-@pytest.mark.parametrize("how", ["exit", "kill"])
+@pytest.mark.parametrize("how", ["exit", "kill", "kill-deep"])
 def test_a_kernel_that_dies_leaves_no_home_or_workspace(how: str) -> None:
     where, _, code = _hold(how)
     assert code == (1 if how == "exit" else -signal.SIGKILL)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import importlib.abc
 import importlib.machinery
 import io
@@ -70,6 +71,24 @@ def _figure_png(figure: Any) -> str | None:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+# Altair renderers whose output is HTML that loads Vega from a CDN (an empty box here: the
+# trusted side runs no script a sandbox sends); its "mimetype" renderer gives the spec itself,
+# which the trusted side draws (`trusted/charts.py`). A renderer the user chose stays.
+_ALTAIR_HTML_RENDERERS = ("default", "html", "jupyterlab", "notebook", "colab", "kaggle")
+
+
+def _chart_as_data(obj: Any) -> Any:
+    """A context in which an Altair chart represents itself as its Vega-Lite spec."""
+    altair = sys.modules.get("altair")
+    if (altair is None or not type(obj).__module__.startswith("altair.")
+            or getattr(altair.renderers, "active", None) not in _ALTAIR_HTML_RENDERERS):
+        return contextlib.nullcontext()
+    try:
+        return altair.renderers.enable("mimetype")
+    except Exception:  # noqa: BLE001 - an Altair without it: its own output, as it is
+        return contextlib.nullcontext()
+
+
 def mime_bundle(obj: Any, include: Any = None, exclude: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(data, metadata) for `obj`, the way IPython's formatter builds them: its
     `_repr_mimebundle_` first, then each `_repr_*_` for what is still missing, and `repr()`
@@ -79,7 +98,8 @@ def mime_bundle(obj: Any, include: Any = None, exclude: Any = None) -> tuple[dic
     method = getattr(type(obj), "_repr_mimebundle_", None)
     if method is not None:
         try:
-            found = obj._repr_mimebundle_(include=include, exclude=exclude)
+            with _chart_as_data(obj):
+                found = obj._repr_mimebundle_(include=include, exclude=exclude)
             if isinstance(found, tuple) and len(found) == 2:
                 found, meta = found
                 if isinstance(meta, dict):

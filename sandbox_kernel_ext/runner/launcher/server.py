@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import sys
@@ -46,6 +45,7 @@ from typing import Any
 from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import PR_SET_CHILD_SUBREAPER, userns_usable
+from ..linux.remove_tree import remove_tree
 from ..linux.syscalls import no_core_dumps, prctl
 from .sized_home import make_sized_home
 from ..wire import read_to_end, receive_message, send_message
@@ -242,6 +242,7 @@ class Launcher:
         self.wake_r = -1
         self.owned: set[str] = set()  # removed at the end unless the trusted side says bye
         self.orderly = False
+        self.peer_closed = False  # its end of file came (not an error of ours)
 
     def serve(self) -> None:
         """Answer requests until the trusted side hangs up, then kill what is left."""
@@ -354,6 +355,7 @@ class Launcher:
         """Serve one message; False once the trusted side has hung up."""
         data, fds = receive_message(self.sock)
         if not data:
+            self.peer_closed = True
             return False
         try:
             request = json.loads(data)
@@ -514,9 +516,9 @@ class Launcher:
                 os.wait()
             except ChildProcessError:
                 break
-        if not self.orderly:
+        if self.peer_closed and not self.orderly:  # never on an error of the launcher's
             for path in sorted(self.owned):
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
 
 
 def kill_orphans(keep: set[int]) -> None:

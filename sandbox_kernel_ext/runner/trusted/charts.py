@@ -1,19 +1,22 @@
-"""Interactive charts from a sandboxed cell: the figure crosses as data, the library that
+"""Interactive charts from a sandboxed cell: the chart crosses as data, the library that
 draws it comes from the kernel's own environment.
 
-A plotly figure (`application/vnd.plotly.v1+json`) is drawn inside the same isolated frame
-as a sandbox's HTML (opaque origin, a CSP that fetches nothing). What may run there is
-pinned by hash: plotly.js read here from the kernel environment's `plotly` package, never
-a script the sandbox sent, and our start-up script. The figure itself is JSON in a data
-block no browser runs, escaped so that nothing in it can close that block. Why the kernel's
-environment: it is already trusted (the kernel imports its code), it works with no network,
-and no sandbox writes it (`policy/write_protected.py` keeps it read-only even inside a
-writable root). Each chart carries
-its own copy of plotly.js (about 5 MB in the notebook), as plotly's own offline output does:
+A plotly figure (`application/vnd.plotly.v1+json`) or a Vega/Vega-Lite spec (Altair's) is
+drawn inside the same isolated frame as a sandbox's HTML (opaque origin, a CSP that fetches
+nothing). What may run there is pinned by hash: the library, read here from a package
+installed in the kernel's environment (plotly.js from `plotly`; Vega, Vega-Lite and
+Vega-Embed from `vl-convert-python`'s bundle), never a script the sandbox sent, and our
+start-up script. The chart itself is JSON in a data block no browser runs, escaped so that
+nothing in it can close that block. Why the kernel's environment: it is already trusted
+(the kernel imports its code), it works with no network, and no sandbox writes it
+(`policy/write_protected.py` keeps it read-only even inside a writable root); a package the
+kernel would find anywhere else on its path is not used (`installed_package`). Each chart
+carries its own copy of its library (megabytes, in the notebook too), as offline HTML does:
 a frame with an opaque origin shares nothing, not even a cache.
 
-What the frame cannot do, the chart cannot do: load map tiles or topojson (no fetch), open
-a link or download a PNG (no popups, no downloads); a click on a link does nothing.
+What the frame cannot do, the chart cannot do: load data, map tiles or topojson from a URL
+(no fetch), open a link or download a PNG (no popups, no downloads); a click on a link does
+nothing.
 """
 
 from __future__ import annotations
@@ -23,27 +26,31 @@ import hashlib
 import html
 import importlib.util
 import json
+import os
+import re
+import site
 import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["PLOTLY_MIME", "TrustedScript", "trusted_script", "plotly_parts", "library_bytes",
-           "CHART_NOTES"]
+__all__ = ["PLOTLY_MIME", "VEGA_MIME", "TrustedScript", "trusted_script", "plotly_parts",
+           "vega_parts", "CHART_NOTES"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 # Formats a chart library sends that have no isolated renderer here: the line that says why
 # the chart shows as text, and what shows it instead.
 CHART_NOTES = {
-    "application/vnd.vegalite.": (
-        "[sandbox] a Vega-Lite chart (Altair) shows as text here: it has no isolated renderer "
-        "yet; alt.renderers.enable('png') (with vl-convert-python) shows it as an image"),
-    "application/vnd.vega.": (
-        "[sandbox] a Vega chart shows as text here: it has no isolated renderer yet"),
     "application/vnd.bokehjs_": (
         "[sandbox] a Bokeh plot shows as text here: it has no isolated renderer yet; "
         "bokeh.io.export_png shows it as an image"),
 }
+# Vega and Vega-Lite specs (Altair's), as JupyterLab names their types (`+json`, and `.json`
+# from Vega-Lite 6 on).
+VEGA_MIME = re.compile(r"application/vnd\.vega(?:lite)?\.v\d+(?:\.\d+)*[.+]json\Z")
+VEGA_MISSING_NOTE = ("[sandbox] a Vega-Lite chart (Altair) shows as text here: the kernel's "
+                     "environment has no vl-convert-python whose Vega could draw it (pip "
+                     "install vl-convert-python there)")
 PLOTLY_MISSING_NOTE = ("[sandbox] a plotly figure shows as text here: the kernel's environment "
                        "has no plotly package whose plotly.js could draw it (pip install plotly "
                        "there)")
@@ -54,13 +61,25 @@ _CONFIG_KEYS = frozenset({"scrollZoom", "displayModeBar", "staticPlot", "editabl
                           "doubleClick", "showAxisDragHandles", "showTips", "displaylogo",
                           "modeBarButtonsToRemove", "locale", "responsive", "autosizable"})
 
-# Our start-up script: no link in the frame does anything when clicked (plotly draws links
-# from the figure's text, and a `target="_self"` one would navigate the frame), then the
-# figure is read from its data block and drawn.
-_START = ("document.addEventListener('click',function(e){var t=e.target;"
-          "if(t&&t.closest&&t.closest('a'))e.preventDefault();},true);"
-          "var f=JSON.parse(document.getElementById('figure').textContent);"
-          "Plotly.newPlot(document.getElementById('plot'),f.data,f.layout,f.config);")
+# Our start-up scripts (each in a function of its own: a library's top-level names are
+# global): no link in the frame does anything when clicked (plotly draws links from the
+# figure's text, and a `target="_self"` one would navigate the frame), then the chart is
+# read from its data block and drawn. Vega gets a loader of ours that refuses every URL
+# (data, images, and a mark's `href`, which would navigate the frame); `ast` has Vega interpret expressions instead of compiling
+# them with `Function`, which the frame's CSP refuses.
+_NO_LINKS = ("document.addEventListener('click',function(e){var t=e.target;"
+             "if(t&&t.closest&&t.closest('a'))e.preventDefault();},true);")
+_START = ("(function(){" + _NO_LINKS
+          + "var f=JSON.parse(document.getElementById('figure').textContent);"
+          "Plotly.newPlot(document.getElementById('plot'),f.data,f.layout,f.config);})();")
+_VEGA_START = (
+    "(function(){" + _NO_LINKS
+    + "var s=JSON.parse(document.getElementById('spec').textContent),c=document."
+    "getElementById('chart'),n=function(){return Promise.reject(new Error("
+    "'nothing is loaded or opened from a sandboxed chart'));},"
+    "l={load:n,sanitize:n,http:n,file:n};"
+    "vegaEmbed(c,s,{ast:true,actions:false,loader:l}).catch(function(e){c.textContent="
+    "'[sandbox] the chart could not be drawn: '+e.message;});})();")
 
 
 class TrustedScript(NamedTuple):
@@ -80,21 +99,39 @@ def trusted_script(text: str) -> TrustedScript:
 
 
 START_SCRIPT = trusted_script(_START)
+VEGA_START_SCRIPT = trusted_script(_VEGA_START)
 _cache: dict[tuple[str, int, int], TrustedScript] = {}
 _cache_lock = threading.Lock()
+_vega: dict[str, TrustedScript] = {}  # by vl-convert's version
+_vega_lock = threading.Lock()
+
+
+def installed_package(name: str) -> Path | None:
+    """The folder of package `name` as the kernel would import it, found without importing
+    it, if it is an installed one: in a site-packages folder of the kernel's environment.
+    Anywhere else on `sys.path` (the kernel's working folder comes first, and a policy may
+    let a sandbox write in it) it is nobody's to trust: None."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    folder = Path(os.path.realpath(spec.origin)).parent
+    sites = [*site.getsitepackages(), site.getusersitepackages()]
+    if any(folder.is_relative_to(os.path.realpath(s)) for s in sites if s):
+        return folder
+    return None
 
 
 def _plotly_js() -> TrustedScript | None:
     """plotly.js from the kernel environment's plotly package (found without importing it),
     read again only when the file changes; None without one, or with one that could not
     sit inline in a page."""
-    try:
-        spec = importlib.util.find_spec("plotly")
-    except (ImportError, ValueError):
+    package = installed_package("plotly")
+    if package is None:
         return None
-    if spec is None or not spec.origin:
-        return None
-    path = Path(spec.origin).parent / "package_data" / "plotly.min.js"
+    path = package / "package_data" / "plotly.min.js"
     try:
         stat = path.stat()
         key = (str(path), stat.st_mtime_ns, stat.st_size)
@@ -111,6 +148,46 @@ def _plotly_js() -> TrustedScript | None:
         _cache.clear()
         _cache[key] = script
     return script
+
+
+def _vega_js() -> TrustedScript | None:
+    """Vega, Vega-Lite and Vega-Embed as one script, from the kernel environment's
+    vl-convert-python (its `javascript_bundle`: built once per kernel, a few seconds);
+    None without it."""
+    if installed_package("vl_convert") is None:  # imported below: only an installed one
+        return None
+    with _vega_lock:  # held while building: one build, whoever asks first
+        try:
+            import vl_convert
+
+            version = str(vl_convert.__version__)
+            if version not in _vega:
+                text = vl_convert.javascript_bundle()
+                if not isinstance(text, str) or "</script" in text.lower():
+                    return None
+                with _cache_lock:
+                    _vega.clear()
+                    _vega[version] = trusted_script(text)
+            return _vega[version]
+        except Exception:  # noqa: BLE001 - any failure of the package: the chart as text
+            return None
+
+
+def vega_parts(spec: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
+    """The frame's markup and scripts for a Vega or Vega-Lite spec, or the line saying why
+    it shows as text instead."""
+    if not isinstance(spec, dict):
+        return "[sandbox] a Vega chart shows as text here: its data is not a spec"
+    library = _vega_js()
+    if library is None:
+        return VEGA_MISSING_NOTE
+    try:
+        block = _data_block(spec)
+    except (TypeError, ValueError, RecursionError):
+        return "[sandbox] a Vega chart shows as text here: its spec is not plain JSON"
+    markup = ("<div id=\"chart\"></div>"
+              f"<script type=\"application/json\" id=\"spec\">{block}</script>")
+    return markup, (library, VEGA_START_SCRIPT)
 
 
 def _data_block(value: Any) -> str:
@@ -142,14 +219,3 @@ def plotly_parts(figure: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
     markup = ("<div id=\"plot\" style=\"width:100%\"></div>"
               f"<script type=\"application/json\" id=\"figure\">{block}</script>")
     return markup, (library, START_SCRIPT)
-
-
-def library_bytes(frame_html: str) -> int:
-    """How much of an isolated frame's HTML is a chart library (the same few MB in every
-    chart, not the sandbox's): a cell's display cap counts only the rest. Found by the
-    library's escaped element, whose escaped `<script>` tag a sandbox's markup never yields
-    (`inert_html` writes no script element, and escapes every `<` in text)."""
-    with _cache_lock:
-        libraries = list(_cache.values())
-    return sum(len(library.element) for library in libraries
-               if library.element[:4096] in frame_html)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import html
 import json
 import re
@@ -45,8 +46,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
-from .charts import (CHART_NOTES, PLOTLY_MIME, TrustedScript, library_bytes, plotly_parts,
-                     trusted_script)
+from .charts import (CHART_NOTES, PLOTLY_MIME, VEGA_MIME, TrustedScript, plotly_parts,
+                     trusted_script, vega_parts)
 from .crossing_text import display_text, line_text, valid_unicode
 
 __all__ = [
@@ -333,10 +334,13 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
     notes = [note for prefix, note in CHART_NOTES.items() if any(
         str(mime).startswith(prefix) for mime in data)]
     markup, markdown = data.get("text/html"), data.get("text/markdown")
-    if PLOTLY_MIME in data:
-        # The figure is what shows: plotly's own HTML only loads plotly.js from a network.
+    vega = next((mime for mime in data if isinstance(mime, str) and VEGA_MIME.match(mime)),
+                None)
+    if PLOTLY_MIME in data or vega is not None:
+        # The chart is what shows: a library's own HTML only loads its script from a network.
         markup = markdown = None
-        parts = plotly_parts(data[PLOTLY_MIME])
+        parts = (plotly_parts(data[PLOTLY_MIME]) if PLOTLY_MIME in data
+                 else vega_parts(data[vega]))
         if isinstance(parts, str):
             notes.append(parts)
         else:
@@ -373,8 +377,8 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
 
 def bundle_size(data: dict[str, Any]) -> int:
     """About how many bytes a bundle takes once made safe (what the per-cell cap counts)."""
-    return sum(len(value) - library_bytes(value) if isinstance(value, str)
-               else len(json.dumps(value)) for value in data.values())
+    return sum(len(value) if isinstance(value, str) else len(json.dumps(value))
+               for value in data.values())
 
 
 def namespaced_display_id(session: str, display_id: Any) -> str | None:

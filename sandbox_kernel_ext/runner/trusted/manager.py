@@ -18,7 +18,6 @@ import mmap
 import os
 import pickle
 import resource
-import shutil
 import socket
 import stat
 import tempfile
@@ -39,6 +38,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ...policy.paths import is_within
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
+from ..linux.remove_tree import remove_tree
 from ..linux.syscalls import no_core_dumps
 from ..wire import ChildPlan
 from .connect_broker import ConnectBroker
@@ -227,7 +227,7 @@ class SandboxManager:
         except BaseException:  # an interrupt too: nothing of this sandbox is left
             if home_mount is not None:
                 os.close(home_mount)
-            shutil.rmtree(home, ignore_errors=True)
+            remove_tree(home)
             self._launcher.disown(home)
             raise
         with self._lock:
@@ -413,7 +413,7 @@ class SandboxManager:
         if sandbox.home_mount is not None:
             os.close(sandbox.home_mount)  # the tmpfs goes with the last run's copy of it
             sandbox.home_mount = None
-        shutil.rmtree(sandbox.home, ignore_errors=True)
+        remove_tree(sandbox.home)
         self._launcher.disown(sandbox.home)
 
     def own_folder(self, path: str) -> None:

@@ -1,0 +1,92 @@
+"""Removing a folder a sandbox wrote in: however deep, whatever its modes, following no link.
+
+`shutil.rmtree` recurses once per level (Python 3.11): a sandbox that nests a thousand
+folders makes it raise `RecursionError`, which `ignore_errors` does not catch, and the
+folder stays. Here every folder met is first moved up to the top (a rename within the tree),
+so the walk is never more than two levels deep and holds two descriptors, and a folder a
+sandbox made unreadable is given its owner's bits back first. Called once no process of the
+sandbox is left to change the tree under it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+
+__all__ = ["remove_tree"]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> bool:
+    """Remove `path` and all under it; True if it is gone. A link given as `path` is not
+    followed (nor removed); nothing raises."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            os.chmod(path, 0o700)  # a folder, not a link: its owner's bits back
+        top = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        pending: list[str | None] = [None]  # None: the top itself; else a folder moved up
+        while pending:
+            name = pending.pop()
+            _empty(top, name, pending)
+            if name is not None:
+                _quietly(os.rmdir, name, dir_fd=top)
+    except Exception:  # noqa: BLE001 - best effort: whatever is left stays, and we say so
+        pass
+    finally:
+        os.close(top)
+    _quietly(os.rmdir, path)
+    return not os.path.lexists(path)
+
+
+def _empty(top: int, name: str | None, pending: list[str | None]) -> None:
+    """Unlink what is not a folder in `name` (a folder at the top), move its folders up."""
+    try:
+        folder = top if name is None else os.open(name, _DIR_FLAGS, dir_fd=top)
+    except OSError:
+        return
+    try:
+        while True:
+            moved = False
+            with os.scandir(folder) as entries:
+                listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+            for entry, is_dir in listed:
+                if not is_dir:
+                    _quietly(os.unlink, entry, dir_fd=folder)
+                    continue
+                if name is None and entry.startswith(".removing-"):
+                    pending.append(entry)  # already at the top
+                    continue
+                _readable(folder, entry)
+                target = f".removing-{secrets.token_hex(8)}"
+                if _quietly(os.rename, entry, target, src_dir_fd=folder, dst_dir_fd=top):
+                    pending.append(target)
+                    moved = True
+            if not moved:
+                return
+    finally:
+        if folder != top:
+            os.close(folder)
+
+
+def _readable(folder: int, entry: str) -> None:
+    """Owner's rwx on a folder (a sandbox may have taken them away), never through a link."""
+    try:
+        if stat.S_ISDIR(os.stat(entry, dir_fd=folder, follow_symlinks=False).st_mode):
+            os.chmod(entry, 0o700, dir_fd=folder)
+    except OSError:
+        pass
+
+
+def _quietly(call, *args, **kwargs) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        call(*args, **kwargs)
+    except OSError:
+        return False
+    return True
