@@ -40,6 +40,7 @@ from sandbox_kernel_ext.runner.trusted.control import (
     MAX_DISPLAY_BYTES_PER_CELL,
     MAX_FRAME_BYTES,
 )
+from sandbox_kernel_ext.runner.trusted.charts import CHART_NOTES
 from sandbox_kernel_ext.runner.trusted.display import MAX_BUNDLE_BYTES, WIDGET_NOTE
 from sandbox_kernel_ext.runner.trusted.monitor import sample_tree
 from sandbox_kernel_ext.runner.trusted.session import PythonSession
@@ -473,6 +474,9 @@ def test_html_cannot_leave_its_frame(manager: SandboxManager) -> None:
     assert inner.tags[3][1].get("http-equiv") == "Content-Security-Policy"
 
 
+BOKEH_NOTE = CHART_NOTES["application/vnd.bokehjs_"]
+
+
 def test_svg_javascript_widgets_and_metadata_are_defused(manager: SandboxManager) -> None:
     svg = ('<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)">'
            '<script>alert(2)</script></svg>')
@@ -480,7 +484,8 @@ def test_svg_javascript_widgets_and_metadata_are_defused(manager: SandboxManager
         "image/svg+xml": svg,
         "application/javascript": "alert(3)",
         "application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2},
-        "application/vnd.plotly.v1+json": {"data": []},
+        # (a plotly figure would be drawn in a frame: tests/runner/test_chart_rules.py)
+        "application/vnd.bokehjs_exec.v0+json": {"id": "x"},
         "image/png": 'AAAA" onerror="alert(4)',
         "text/plain": "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2Jplain\u202etxt",
     }
@@ -495,7 +500,8 @@ def test_svg_javascript_widgets_and_metadata_are_defused(manager: SandboxManager
     assert re.fullmatch(r'<img alt="[^"]*" src="data:image/svg\+xml;base64,[A-Za-z0-9+/=]+">',
                         data["text/html"])
     # No escape (ESC, BEL) nor bidi override survives: only printable leftovers.
-    assert data["text/plain"] == "]52;c;cm0gLXJmIH4=[2Jplaintxt\n" + WIDGET_NOTE
+    assert data["text/plain"] == ("]52;c;cm0gLXJmIH4=[2Jplaintxt\n" + BOKEH_NOTE + "\n"
+                                  + WIDGET_NOTE)
     assert output["metadata"] == {}
 
 

@@ -61,7 +61,9 @@ MAX_MIME_TYPES = 32
 MAX_TRACEBACK_FRAMES = 40
 _WIDGET = "application/vnd.jupyter.widget-view+json"
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
-_MIME = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*\Z")
+# RFC 6838's names (case does not matter): `_` too, as in Bokeh's and HoloViews' types.
+_MIME = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}\Z",
+                   re.IGNORECASE)
 WIDGET_NOTE = ("[sandbox] an ipywidget made inside the sandbox is not live here: widgets need "
                "a connection to the notebook page, which does not cross the sandbox")
 MARKDOWN_NOTE = ("[sandbox] Markdown shows as text here: a sandbox's Markdown is made HTML "
