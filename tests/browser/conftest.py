@@ -255,12 +255,14 @@ class NotebookPage:
 def open_notebook(
     lab_server: LabServer, browser_context: Any
 ) -> Iterator[Callable[..., NotebookPage]]:
-    """`open_notebook(name, [cell sources])` writes the notebook into the server's root, opens
-    it in a new page and waits for its kernel; without sources it opens the file that is
-    there. Pages and sessions are closed afterwards."""
+    """`open_notebook(name, [cell sources], frontend="lab")` writes the notebook into the
+    server's root, opens it in a new page (JupyterLab, or Notebook 7 with "notebook") and
+    waits for its kernel; without sources it opens the file that is there. Pages and sessions
+    are closed afterwards."""
     opened: list[NotebookPage] = []
 
-    def open_(name: str, sources: list[str] | None = None) -> NotebookPage:
+    def open_(name: str, sources: list[str] | None = None,
+              frontend: str = "lab") -> NotebookPage:
         if sources is None:
             sources = [cell.source for cell in nbformat.read(lab_server.root / name, 4).cells]
         else:
@@ -273,7 +275,8 @@ def open_notebook(
         notebook = NotebookPage(lab_server, page, name)
         opened.append(notebook)
         # `reset`: a fresh workspace, so no notebook of an earlier test covers this one.
-        page.goto(f"{lab_server.url}/lab/tree/{name}?reset&token={lab_server.token}")
+        where = {"lab": "lab/tree", "notebook": "notebooks"}[frontend]
+        page.goto(f"{lab_server.url}/{where}/{name}?reset&token={lab_server.token}")
         notebook.cell(len(sources) - 1).locator(".jp-InputArea-editor").wait_for()
         notebook.wait_kernel_idle()
         return notebook

@@ -12,14 +12,12 @@ cell shows the server does see a load when nothing defends.
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-import nbformat
 import pytest
 from browser_waits import wait_for
+from loopback_sink import loopback_sink
 
 SETUP = "%load_ext sandbox_kernel_ext\n%config SandboxMagics.policy = ''"
 CHART_CELL = """\
@@ -109,123 +107,80 @@ def control_cell(sink: str) -> str:
             f"display(HTML(\"<img src='{sink}/control-image'>\"))\n")
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        self.server.seen.append(self.path)  # type: ignore[attr-defined]
-        self.send_response(404)
-        self.end_headers()
-
-    do_POST = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def sink() -> Iterator[Any]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    server.seen = []  # type: ignore[attr-defined]
-    server.base = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_sink() as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
-def open_page(lab_server: Any, browser_context: Any, frontend: str, name: str,
-              sources: list[str]) -> Any:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
-    nbformat.write(nb, lab_server.root / name)
-    page = browser_context.new_page()
-    page.set_viewport_size({"width": 1280, "height": 2400})
-    where = "lab/tree" if frontend == "lab" else "notebooks"
-    page.goto(f"{lab_server.url}/{where}/{name}?reset&token={lab_server.token}")
-    cells = page.locator(".jp-Notebook .jp-Cell")
-    cells.nth(len(sources) - 1).locator(".jp-InputArea-editor").wait_for()
-
-    def idle() -> bool:
-        return any(s["path"] == name and s["kernel"]["execution_state"] == "idle"
-                   for s in lab_server.api("/api/sessions"))
-
-    wait_for(f"the kernel of {name}", idle)
-    page.evaluate(WATCH)
-    for index in range(len(sources)):
-        cell = cells.nth(index)
-        editor = cell.locator(".jp-InputArea-editor")
-
-        def focused() -> bool:
-            editor.click()
-            return bool(editor.evaluate("el => el.contains(document.activeElement)"))
-
-        wait_for(f"cell {index}'s editor to have the focus", focused)
-        page.keyboard.press("Control+Enter")
-        wait_for(f"cell {index} to finish", lambda: cell.locator(".jp-InputPrompt")
-                 .inner_text().strip() == f"[{index + 1}]:")
-        text = cell.locator(".jp-OutputArea").inner_text()
+def run_all(notebook: Any, count: int) -> None:
+    """Run the cells in order; none may show an error."""
+    notebook.page.set_viewport_size({"width": 1280, "height": 2400})
+    notebook.page.evaluate(WATCH)
+    for index in range(count):
+        notebook.run_cell(index)
+        notebook.wait_cell_done(index)
+        text = notebook.output(index).inner_text()
         assert "Traceback" not in text and "Error" not in text, (index, text[:2000])
-    return page
 
 
-def chart_frame(page: Any, index: int) -> Any:
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+def chart_frame(notebook: Any, index: int) -> Any:
+    cell = notebook.cell(index)
     frame = cell.locator("iframe.sandbox-output")
     assert frame.count() == 1, cell.locator(".jp-OutputArea").inner_text()[:500]
     frame.scroll_into_view_if_needed()
     return frame
 
 
-def assert_plotly_is_interactive(page: Any, index: int) -> None:
-    """Its points drawn, a hover label on one, and a drag that zooms."""
-    inner = chart_frame(page, index).content_frame
-    points = inner.locator(".scatterlayer .point")
+def drawn_and_hovered(notebook: Any, index: int, marks: str, title_at: str, title: str,
+                      shown: str) -> Any:
+    """The chart of cell `index`: its three points drawn, its title, and what a hover on a
+    point shows; its frame's document."""
+    inner = chart_frame(notebook, index).content_frame
+    points = inner.locator(marks)
     wait_for("the chart's three points", lambda: points.count() == 3)
-    assert "plotly from a sandbox" in inner.locator(".gtitle").text_content()
+    assert title in inner.locator(title_at).text_content()
     box = points.nth(0).bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    wait_for("a hover label on the point", lambda: inner.locator(".hovertext").count() > 0)
+    notebook.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    wait_for(f"{shown} on a point", lambda: inner.locator(shown).count() > 0)
+    return inner
+
+
+def assert_plotly_is_interactive(notebook: Any, index: int) -> None:
+    """Its points drawn, a hover label on one, and a drag that zooms."""
+    inner = drawn_and_hovered(notebook, index, ".scatterlayer .point", ".gtitle",
+                              "plotly from a sandbox", ".hovertext")
+    mouse = notebook.page.mouse
     plot = inner.locator(".nsewdrag").first.bounding_box()
     before = inner.locator("#plot").evaluate("p => p.layout.xaxis.range.slice()")
-    page.mouse.move(plot["x"] + plot["width"] * 0.2, plot["y"] + plot["height"] * 0.3)
-    page.mouse.down()
-    page.mouse.move(plot["x"] + plot["width"] * 0.6, plot["y"] + plot["height"] * 0.7, steps=8)
-    page.mouse.up()
+    mouse.move(plot["x"] + plot["width"] * 0.2, plot["y"] + plot["height"] * 0.3)
+    mouse.down()
+    mouse.move(plot["x"] + plot["width"] * 0.6, plot["y"] + plot["height"] * 0.7, steps=8)
+    mouse.up()
     wait_for("the drag to zoom the x axis", lambda: inner.locator("#plot").evaluate(
         "p => p.layout.xaxis.range.slice()") != before)
 
 
-def assert_altair_is_interactive(page: Any, index: int) -> None:
+def assert_altair_is_interactive(notebook: Any, index: int) -> None:
     """Its points drawn, a tooltip on one, and a wheel that zooms (`.interactive()`)."""
-    inner = chart_frame(page, index).content_frame
-    points = inner.locator("g.mark-symbol path")
-    wait_for("the chart's three points", lambda: points.count() == 3)
-    assert "altair from a sandbox" in inner.locator("g.role-title").text_content()
-    box = points.nth(0).bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    wait_for("a tooltip on the point",
-             lambda: inner.locator("#vg-tooltip-element.visible").count() == 1)
+    inner = drawn_and_hovered(notebook, index, "g.mark-symbol path", "g.role-title",
+                              "altair from a sandbox", "#vg-tooltip-element.visible")
     ticks = inner.locator("g.role-axis-label").first
     before = ticks.text_content()
-    page.mouse.wheel(0, -400)
+    notebook.page.mouse.wheel(0, -400)
     wait_for("the wheel to zoom the axis", lambda: ticks.text_content() != before)
 
 
-def click_hostile_links(page: Any) -> None:
+def click_hostile_links(notebook: Any) -> None:
     """A person's clicks on the hostile charts' links: plotly's title link and Vega's mark
     with an `href` (without the frames' guards, each navigates its frame to the sink: tried
     when written)."""
-    plotly = chart_frame(page, 3).content_frame
+    plotly = chart_frame(notebook, 3).content_frame
     wait_for("the hostile figure drawn", lambda: plotly.locator(".main-svg").count() > 0)
     title_link = plotly.locator(".gtitle a")
     assert title_link.count() == 1, plotly.locator(".main-svg").first.inner_html()[:500]
     title_link.dispatch_event("click")
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(4)
-    frames = cell.locator("iframe.sandbox-output")
+    frames = notebook.cell(4).locator("iframe.sandbox-output")
     assert frames.count() == 2
     reach = frames.nth(1).content_frame
     wait_for("the reaching expression refused", lambda: "could not be drawn" in (
@@ -233,15 +188,14 @@ def click_hostile_links(page: Any) -> None:
     frames.nth(0).scroll_into_view_if_needed()
     vega = frames.nth(0).content_frame
     wait_for("the hostile spec drawn", lambda: vega.locator("g.role-title").count() == 1)
-    mark = vega.locator("g.mark-symbol path").last
-    box = mark.bounding_box()
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    box = vega.locator("g.mark-symbol path").last.bounding_box()
+    notebook.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
 @pytest.mark.parametrize("frontend", ["lab", "notebook"])
 def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
-        frontend: str, lab_server: Any, browser_context: Any, sink: Any) -> None:
-    name = f"charts-{frontend}.ipynb"
+        frontend: str, open_notebook: Any, lab_server: Any, browser_context: Any,
+        sink: Any) -> None:
     start = len(sink.seen)
     # Requests that got an answer (one blocked by the frame's CSP is announced, then fails).
     requests: list[str] = []
@@ -250,15 +204,17 @@ def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
         requests.append(request.url)
 
     browser_context.on("requestfinished", record)
-    page = open_page(lab_server, browser_context, frontend, name,
-                     [SETUP, CHART_CELL, ALTAIR_CELL, hostile_cell(sink.base),
-                      hostile_vega_cell(sink.base), control_cell(sink.base)])
+    sources = [SETUP, CHART_CELL, ALTAIR_CELL, hostile_cell(sink.base),
+               hostile_vega_cell(sink.base), control_cell(sink.base)]
+    notebook = open_notebook(f"charts-{frontend}.ipynb", sources, frontend)
+    page = notebook.page
     try:
+        run_all(notebook, len(sources))
         cookies = {c["name"]: c["value"] for c in page.context.cookies(lab_server.url)}
-        assert_plotly_is_interactive(page, 1)
-        assert_altair_is_interactive(page, 2)
-        click_hostile_links(page)
-        control = page.locator(".jp-Notebook .jp-Cell").nth(5)
+        assert_plotly_is_interactive(notebook, 1)
+        assert_altair_is_interactive(notebook, 2)
+        click_hostile_links(notebook)
+        control = notebook.cell(5)
         control.scroll_into_view_if_needed()
         wait_for("the control's load at the sink",
                  lambda: "/control-image" in sink.seen[start:])
@@ -275,7 +231,3 @@ def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
         assert not list(lab_server.root.glob("*pwned*"))
     finally:
         browser_context.remove_listener("requestfinished", record)
-        page.close()
-        for session in lab_server.api("/api/sessions"):
-            if session["path"] == name:
-                lab_server.api(f"/api/sessions/{session['id']}", method="DELETE")

@@ -26,8 +26,6 @@ no test here, since its only measure is a clock.)
 from __future__ import annotations
 
 import html
-import http.server
-import threading
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
@@ -37,6 +35,7 @@ from typing import Any
 import nbformat
 import pytest
 from browser_waits import wait_for
+from loopback_sink import loopback_sink
 
 from sandbox_kernel_ext.runner.trusted.display import isolated_html
 
@@ -57,37 +56,10 @@ def js(ident: str) -> str:
 
 # -- a loopback server that records every request --------------------------------------------
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        self.server.seen.append(self.path)  # type: ignore[attr-defined]
-        body = (b"<!doctype html><title>x</title><h1 style='font:40px sans-serif'>"
-                b"ATTACKER PAGE: looks like part of the notebook</h1><script>"
-                b"parent.postMessage({sandboxFrameHeight: 1500}, '*');"
-                b"top.postMessage({pwned: 'navigated:' + location.pathname}, '*')</script>")
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_POST = do_GET
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def sink() -> Iterator[Any]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    server.seen = []  # type: ignore[attr-defined]
-    server.base = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_sink() as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def hits(seen: list[str], layer: str) -> dict[str, list[str]]:
