@@ -75,7 +75,8 @@ def hostile_vega_cell(sink: str) -> str:
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "title": "hostile spec",
         # Vega-Embed takes options from the spec: a link opening in the frame itself.
-        "usermeta": {"embedOptions": {"loader": {"target": "_self"}, "actions": True}},
+        "usermeta": {"embedOptions": {"loader": {"target": "_self"}, "actions": True,
+                                      "constructor": {"prototype": {"polluted": "yes"}}}},
         "layer": [
             {"data": {"url": f"{sink}/vega-data.json"}, "mark": "point",
              "encoding": {"x": {"field": "a", "type": "quantitative"}}},
@@ -188,6 +189,7 @@ def click_hostile_links(notebook: Any) -> None:
     frames.nth(0).scroll_into_view_if_needed()
     vega = frames.nth(0).content_frame
     wait_for("the hostile spec drawn", lambda: vega.locator("g.role-title").count() == 1)
+    assert vega.locator("body").evaluate("b => ({}).polluted") is None  # never merged
     box = vega.locator("g.mark-symbol path").last.bounding_box()
     notebook.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
@@ -231,3 +233,37 @@ def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
         assert not list(lab_server.root.glob("*pwned*"))
     finally:
         browser_context.remove_listener("requestfinished", record)
+
+
+LINKS = ("<p><a id=plain href='{sink}/{layer}-plain'>plain</a> "
+         "<a id=blank href='{sink}/{layer}-blank' target=_blank>blank</a></p>")
+
+
+def test_no_click_of_any_kind_opens_a_sandboxed_link(open_notebook: Any, sink: Any) -> None:
+    """Ctrl-, Shift- and middle-clicks on a link in a sandboxed frame open nothing (the frame
+    may open no popup, but a modified click opened a tab at the link's URL: a way out for
+    data in it). The control: the same links in the page itself (the user's own output)
+    open tabs that reach the sink."""
+    start = len(sink.seen)
+    sandboxed = LINKS.format(sink=sink.base, layer="sbx")
+    control = LINKS.format(sink=sink.base, layer="raw")
+    notebook = open_notebook("modified-clicks.ipynb", [
+        SETUP, f"%%sandbox --quiet\nfrom IPython.display import HTML\nHTML({sandboxed!r})",
+        f"from IPython.display import HTML\nHTML({control!r})"])
+    page = notebook.page
+    for index in range(3):
+        notebook.run_cell(index)
+        notebook.wait_cell_done(index)
+    inner = chart_frame(notebook, 1).content_frame
+    for link in ("#plain", "#blank"):
+        for how in ({"modifiers": ["Control"]}, {"modifiers": ["Shift"]}, {"button": "middle"}):
+            inner.locator(link).click(**how, no_wait_after=True)
+    for link in ("#plain", "#blank"):
+        notebook.output(2).locator(link).click(modifiers=["Control"], no_wait_after=True)
+    wait_for("the control's tabs at the sink", lambda: {"/raw-plain", "/raw-blank"} <= set(
+        sink.seen[start:]))
+    page.wait_for_timeout(1500)  # a tab from the frame would have loaded by now
+    assert [p for p in sink.seen[start:] if p.startswith("/sbx")] == []
+    for other in page.context.pages:
+        if other is not page:
+            other.close()

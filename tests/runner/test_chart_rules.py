@@ -76,7 +76,8 @@ def test_options_that_reach_a_server_stay_out_and_the_frame_ignores_link_clicks(
     document = frame_document(safe_bundle({PLOTLY: figure, "text/plain": "f"}, {})[0]["text/html"])
     config = json.loads(scripts_of(document)[1][1])["config"]
     assert config == {"scrollZoom": True, "responsive": True, "displaylogo": False}
-    assert "closest('a'))e.preventDefault()" in scripts_of(document)[-1][1]
+    # The frame's first script (the sizer) keeps every link from opening, clicked or not.
+    assert "closest('a,area'))e.preventDefault()" in scripts_of(document)[0][1]
 
 
 @pytest.mark.parametrize("figure", [[1, 2], "x", {"data": "x"}, {"layout": []},
@@ -107,11 +108,13 @@ def test_a_vega_spec_is_drawn_by_the_kernels_vega_with_no_url_reachable(mime: st
             "usermeta": {"embedOptions": {"loader": {"baseURL": "http://x/"}}}}
     document = frame_document(safe_bundle({mime: spec, "text/plain": "c"}, {})[0]["text/html"])
     scripts = scripts_of(document)
-    assert json.loads(scripts[1][1]) == spec
+    # The spec's own embed options (Vega-Embed would merge them over ours) are dropped.
+    assert json.loads(scripts[1][1]) == {**spec, "usermeta": {}}
     start = scripts[-1][1]
-    # Our loader refuses every URL (data, images, a mark's href); Vega interprets
-    # expressions (ast) rather than compiling them, which the CSP would refuse anyway.
-    assert "l={load:n,sanitize:n,http:n,file:n}" in start and "ast:true" in start
+    # Our loader refuses every URL (data, images, a mark's href), frozen so no option can
+    # change it; Vega interprets expressions (ast) rather than compiling them.
+    assert "l=Object.freeze({load:n,sanitize:n,http:n,file:n})" in start
+    assert "ast:true" in start
     assert "unsafe-eval" not in document
 
 

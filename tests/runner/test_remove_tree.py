@@ -4,7 +4,12 @@ and whatever its modes, and nothing outside it touched through a link."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,3 +99,59 @@ def test_any_tree_goes_and_what_its_links_name_stays(tmp_path_factory, tree: dic
             os.chmod(folder, 0o100)
     assert remove_tree(str(top)) and not os.path.lexists(top)
     assert sorted(os.listdir(victim)) == ["keep.txt"]
+
+
+def test_a_link_in_a_folders_place_is_not_followed_when_modes_are_given_back(
+        tmp_path: Path) -> None:
+    """The owner's bits go to the folder itself, through a descriptor of it: a link there
+    (a live process could swap one in) leaves what it names as it was."""
+    from sandbox_kernel_ext.runner.linux.remove_tree import _owner_bits
+
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    os.chmod(victim, 0o755)
+    (tmp_path / "swapped").symlink_to(victim)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _owner_bits(fd, "swapped")
+    finally:
+        os.close(fd)
+    assert victim.stat().st_mode & 0o777 == 0o755
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    os.chmod(closed, 0)
+    _owner_bits(None, str(closed))
+    assert closed.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the removal as another uid")
+def test_as_a_non_root_owner_closed_folders_go_too() -> None:
+    """Not root (a non-root kernel removing its sandbox's tree): folders the sandbox closed,
+    one named like the removal's own, still go."""
+    base = Path(tempfile.mkdtemp())  # in the temporary folder, which every uid can reach
+    try:
+        _remove_as_nobody(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _remove_as_nobody(base: Path) -> None:
+    top = base / "home"
+    (top / ".removing-x" / "deep").mkdir(parents=True)
+    (top / ".removing-x" / "f").write_text("x")
+    (top / "a").mkdir()
+    for folder in (top / ".removing-x" / "deep", top / ".removing-x", top / "a", top):
+        os.chmod(folder, 0)
+    os.chmod(base, 0o777)
+    subprocess.run(["chown", "-R", "65534:65534", str(top)], check=True)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            os._exit(0 if remove_tree(str(top)) else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and not os.path.lexists(top)

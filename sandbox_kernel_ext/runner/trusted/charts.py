@@ -62,22 +62,20 @@ _CONFIG_KEYS = frozenset({"scrollZoom", "displayModeBar", "staticPlot", "editabl
                           "modeBarButtonsToRemove", "locale", "responsive", "autosizable"})
 
 # Our start-up scripts (each in a function of its own: a library's top-level names are
-# global): no link in the frame does anything when clicked (plotly draws links from the
-# figure's text, and a `target="_self"` one would navigate the frame), then the chart is
-# read from its data block and drawn. Vega gets a loader of ours that refuses every URL
+# global): the chart is read from its data block and drawn. (No link in the frame opens
+# anything: the frame's first script, `display._SIZER`, sees to that for every frame; plotly
+# draws links from the figure's text, and a `target="_self"` one would navigate the frame.) Vega gets a loader of ours that refuses every URL
 # (data, images, and a mark's `href`, which would navigate the frame); `ast` has Vega interpret expressions instead of compiling
 # them with `Function`, which the frame's CSP refuses.
-_NO_LINKS = ("document.addEventListener('click',function(e){var t=e.target;"
-             "if(t&&t.closest&&t.closest('a'))e.preventDefault();},true);")
-_START = ("(function(){" + _NO_LINKS
-          + "var f=JSON.parse(document.getElementById('figure').textContent);"
+_START = ("(function(){"
+          "var f=JSON.parse(document.getElementById('figure').textContent);"
           "Plotly.newPlot(document.getElementById('plot'),f.data,f.layout,f.config);})();")
 _VEGA_START = (
-    "(function(){" + _NO_LINKS
-    + "var s=JSON.parse(document.getElementById('spec').textContent),c=document."
+    "(function(){"
+    "var s=JSON.parse(document.getElementById('spec').textContent),c=document."
     "getElementById('chart'),n=function(){return Promise.reject(new Error("
     "'nothing is loaded or opened from a sandboxed chart'));},"
-    "l={load:n,sanitize:n,http:n,file:n};"
+    "l=Object.freeze({load:n,sanitize:n,http:n,file:n});"
     "vegaEmbed(c,s,{ast:true,actions:false,loader:l}).catch(function(e){c.textContent="
     "'[sandbox] the chart could not be drawn: '+e.message;});})();")
 
@@ -181,6 +179,11 @@ def vega_parts(spec: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
     library = _vega_js()
     if library is None:
         return VEGA_MISSING_NOTE
+    usermeta = spec.get("usermeta")
+    if isinstance(usermeta, dict) and "embedOptions" in usermeta:
+        # Vega-Embed merges these over ours (its loader, `ast`, actions; and through a
+        # `constructor` key, into every object of the frame): the spec gets no say.
+        spec = {**spec, "usermeta": {k: v for k, v in usermeta.items() if k != "embedOptions"}}
     try:
         block = _data_block(spec)
     except (TypeError, ValueError, RecursionError):

@@ -80,13 +80,18 @@ UNTRUSTED_NOTE = ("[sandbox] HTML from a sandboxed cell shows as text here: this
 # The text/plain of an object with no text form of its own (IPython's HTML, for one).
 _OBJECT_REPR = re.compile(r"<[\w.]+ object( at 0x[0-9a-f]+)?>\Z")
 
-# The one script an isolated frame may run: it tells the page how tall its content is. The
+# The one script an isolated frame may run (and the first, before a chart's): it tells the
+# page how tall its content is, and keeps every link from opening. The
 # root element's own height (plus a horizontal scrollbar's, if any), not its scrollHeight:
 # that one is never less than the frame's viewport, so a frame could grow but never shrink
 # (a one-line output kept the first 120px).
 _SIZER = ("new ResizeObserver(function(){var d=document.documentElement;parent.postMessage("
           "{sandboxFrameHeight:Math.ceil(d.getBoundingClientRect().height)+innerHeight-"
-          "d.clientHeight},'*')}).observe(document.documentElement);")
+          "d.clientHeight},'*')}).observe(document.documentElement);"
+          # No link opens anything, a plain click or not: the frame may open no popup, but a
+          # Ctrl-, Shift- or middle-click opened a tab at the link (data in its URL).
+          "['click','auxclick'].forEach(function(t){document.addEventListener(t,function(e){"
+          "var a=e.target;if(a&&a.closest&&a.closest('a,area'))e.preventDefault();},true);});")
 _SIZER_SCRIPT = trusted_script(_SIZER)
 
 
