@@ -62,11 +62,12 @@ _CONFIG_KEYS = frozenset({"scrollZoom", "displayModeBar", "staticPlot", "editabl
                           "modeBarButtonsToRemove", "locale", "responsive", "autosizable"})
 
 # Our start-up scripts (each in a function of its own: a library's top-level names are
-# global): the chart is read from its data block and drawn. (No link in the frame opens
-# anything: the frame's first script, `display._SIZER`, sees to that for every frame; plotly
-# draws links from the figure's text, and a `target="_self"` one would navigate the frame.) Vega gets a loader of ours that refuses every URL
-# (data, images, and a mark's `href`, which would navigate the frame); `ast` has Vega interpret expressions instead of compiling
-# them with `Function`, which the frame's CSP refuses.
+# global): the chart is read from its data block and drawn. No link in the frame opens
+# anything: the frame's first script (`display._SIZER`) sees to that in every frame; plotly
+# draws links from the figure's text, and a `target="_self"` one would navigate the frame.
+# Vega gets a loader of ours, frozen, that refuses every URL (data, images, and a mark's
+# `href`, which would navigate the frame); `ast` has Vega interpret expressions instead of
+# compiling them with `Function`, which the frame's CSP refuses.
 _START = ("(function(){"
           "var f=JSON.parse(document.getElementById('figure').textContent);"
           "Plotly.newPlot(document.getElementById('plot'),f.data,f.layout,f.config);})();")

@@ -20,11 +20,11 @@ format by format, what crosses and how it renders (docs/guarantees.md has the ta
   and would render raw HTML and make links. This side never renders Markdown: a display
   with Markdown and no HTML (only a hostile child sends one) shows as text, with a line
   saying why;
-- drawn in the same frame: a plotly figure (`charts.py`), as data, by the plotly.js of the
-  kernel's own environment;
+- drawn in the same frame: a plotly figure and a Vega or Vega-Lite spec (`charts.py`), as
+  data, by a library installed in the kernel's own environment;
 - dropped: `text/latex` (MathJax again), `application/javascript`, every other
-  renderer-specific type (`application/vnd.*`: widgets, vega, bokeh...) and anything else;
-  the text/plain form still shows, and for a widget or a chart a line says why.
+  renderer-specific type (`application/vnd.*`: widgets, bokeh...) and anything else; the
+  text/plain form still shows, and for a widget or a Bokeh plot a line says why.
 
 Each conversion here is linear in its input or runs under a time budget (`inert_html`), so
 no display holds the kernel's thread past it; a format that passes its budget shows as text,
@@ -80,11 +80,11 @@ UNTRUSTED_NOTE = ("[sandbox] HTML from a sandboxed cell shows as text here: this
 # The text/plain of an object with no text form of its own (IPython's HTML, for one).
 _OBJECT_REPR = re.compile(r"<[\w.]+ object( at 0x[0-9a-f]+)?>\Z")
 
-# The one script an isolated frame may run (and the first, before a chart's): it tells the
-# page how tall its content is, and keeps every link from opening. The
-# root element's own height (plus a horizontal scrollbar's, if any), not its scrollHeight:
-# that one is never less than the frame's viewport, so a frame could grow but never shrink
-# (a one-line output kept the first 120px).
+# The first script of every isolated frame (the only one, but for a chart's): it tells the
+# page how tall its content is, and keeps every link from opening. The root element's own
+# height (plus a horizontal scrollbar's, if any), not its scrollHeight: that one is never
+# less than the frame's viewport, so a frame could grow but never shrink (a one-line output
+# kept the first 120px).
 _SIZER = ("new ResizeObserver(function(){var d=document.documentElement;parent.postMessage("
           "{sandboxFrameHeight:Math.ceil(d.getBoundingClientRect().height)+innerHeight-"
           "d.clientHeight},'*')}).observe(document.documentElement);"
