@@ -505,6 +505,17 @@ def test_svg_javascript_widgets_and_metadata_are_defused(manager: SandboxManager
     assert output["metadata"] == {}
 
 
+def test_a_format_with_an_odd_name_is_dropped_and_the_session_lives_on(
+        manager: SandboxManager) -> None:
+    bundle = {"text/html;charset=utf-8": "<b>x</b>", "x" * 300: "y", "TEXT/HTML": "<b>",
+              "application/vnd.holoviews_load.v0+json": "", "text/plain": "shown"}
+    with session(manager) as s:
+        first = s.run_cell(f"display({bundle!r}, raw=True)")
+        second = s.run_cell("print('alive')")
+    assert [o["data"] for o in first.outputs] == [{"text/plain": "shown"}], first.outputs
+    assert second.stdout == "alive\n", second
+
+
 def test_image_base64_is_checked_and_rewritten(manager: SandboxManager) -> None:
     bundle = {"image/png": "iVBO\nRw0K", "image/gif": "R0lGOD lh", "image/jpeg": "/9j/4A=="}
     with session(manager) as s:

@@ -116,17 +116,19 @@ class DisplayOutput:
 
 def check_bundle(data: Any, metadata: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The shape a bundle must have (a dict of MIME type -> str, or JSON for
-    application/json and *+json types); ValueError otherwise."""
+    application/json and *+json types); ValueError otherwise. A format whose name is no MIME
+    type (`text/html;charset=utf-8`, a library's own) is dropped, not taken for a broken
+    protocol: nothing would show it, and an odd name must not end the session."""
     if not isinstance(data, dict) or not isinstance(metadata, dict):
         raise ValueError("display data and metadata must be objects")
     if len(data) > MAX_MIME_TYPES:
         raise ValueError(f"a display has more than {MAX_MIME_TYPES} formats")
-    for mime, value in data.items():
-        if not isinstance(mime, str) or not _MIME.match(mime):
-            raise ValueError(f"not a MIME type: {str(mime)[:60]!r}")
+    kept = {mime: value for mime, value in data.items()
+            if isinstance(mime, str) and _MIME.match(mime)}
+    for mime, value in kept.items():
         if not isinstance(value, str) and not mime.endswith("json"):
             raise ValueError(f"the {mime} form of a display must be text")
-    return data, metadata
+    return kept, metadata
 
 
 def _base64_image(value: str) -> str | None:
