@@ -506,7 +506,7 @@ class Launcher:
     def _shut_down(self) -> None:
         """Kill every live child, the spare and whatever was reparented to us, then reap them
         all; then, if the trusted side died, remove the folders it owned (no child is left to
-        write in them; `rmtree` follows no link, and refuses a link given as the folder)."""
+        write in them; `remove_tree` follows no link, and refuses a link given as the folder)."""
         for pid in [*self.live, *self._ours()]:
             if pid:
                 kill_quietly(pid)
