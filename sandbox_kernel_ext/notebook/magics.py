@@ -411,7 +411,6 @@ class SandboxMagics(Magics):
         """The default policy's writable folder: made once per session, removed on unload."""
         if self._resources.workspace is None:
             folder = tempfile.mkdtemp(prefix="sandbox-workspace-")
-            self.manager.own_folder(folder)  # gone even if the kernel is killed
             uid = self.manager.child_uid
             if uid is not None:  # as root, children run as this unprivileged uid
                 os.chown(folder, uid, uid)

@@ -18,17 +18,13 @@ Protocol over a SOCK_SEQPACKET pair (`wire.send_message`), one JSON object per m
                        root's folders: a spare makes that view now, for the run that names K)
                        {"op": "discard", "key": K} (that view is stale, or its sandbox gone)
                        {"op": "home", "id": N, "size": S, "inodes": I} (a sandbox's home tmpfs)
-                       {"op": "own", "path": P}, {"op": "disown", "path": P} (folders to
-                       remove if the trusted side dies), {"op": "bye"} (it closes in order)
   launcher -> trusted  {"op": "spawned", "id": N, "pid": P, "pid_namespace": B}
                        + [pidfd] or [pidfd, CPU clock of the tree]
                        {"op": "failed", "id": N, "error": "..."}
                        {"op": "exited", "id": N, "status": S, "cpu_seconds": C, "maxrss_kb": R}
                        {"op": "home", "id": N} + [its mount] or {"op": "home", "id": N,
                        "error": "..."}
-End of file on the socket (the trusted side closed it or died) kills every live child and exits;
-without a "bye" before it, the trusted side died (killed, or `os._exit`), and the folders it
-owned go too, after every child is dead: nothing of a killed kernel's sandboxes is left.
+End of file on the socket (the trusted side closed it or died) kills every live child and exits.
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ from typing import Any
 from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import PR_SET_CHILD_SUBREAPER, userns_usable
-from ..linux.remove_tree import remove_tree
 from ..linux.syscalls import no_core_dumps, prctl
 from .sized_home import make_sized_home
 from ..wire import read_to_end, receive_message, send_message
@@ -240,9 +235,6 @@ class Launcher:
         self.prepared: dict[str, Spare] = {}  # by the key the trusted side gave its view
         self.spare_due = 0.0  # when to make the next spare, while there is none
         self.wake_r = -1
-        self.owned: set[str] = set()  # removed at the end unless the trusted side says bye
-        self.orderly = False
-        self.peer_closed = False  # its end of file came (not an error of ours)
 
     def serve(self) -> None:
         """Answer requests until the trusted side hangs up, then kill what is left."""
@@ -355,18 +347,12 @@ class Launcher:
         """Serve one message; False once the trusted side has hung up."""
         data, fds = receive_message(self.sock)
         if not data:
-            self.peer_closed = True
             return False
         try:
             request = json.loads(data)
         except ValueError as exc:
             request = f"{type(exc).__name__}: {exc}"  # not a request: the spawn path says so
         op = request.get("op") if isinstance(request, dict) else None
-        if op in ("own", "disown", "bye"):
-            for fd in fds:
-                os.close(fd)
-            self._note_ownership(op, request.get("path"))
-            return True
         if op == "home":
             for fd in fds:
                 os.close(fd)
@@ -494,19 +480,8 @@ class Launcher:
             for fd in fds:
                 os.close(fd)
 
-    def _note_ownership(self, op: str, path: Any) -> None:
-        if op == "bye":
-            self.orderly = True
-        elif isinstance(path, str) and os.path.isabs(path):
-            if op == "own":
-                self.owned.add(path)
-            else:
-                self.owned.discard(path)
-
     def _shut_down(self) -> None:
-        """Kill every live child, the spare and whatever was reparented to us, then reap them
-        all; then, if the trusted side died, remove the folders it owned (no child is left to
-        write in them; `remove_tree` follows no link, and refuses a link given as the folder)."""
+        """Kill every live child, the spare and whatever was reparented to us, then reap them all."""
         for pid in [*self.live, *self._ours()]:
             if pid:
                 kill_quietly(pid)
@@ -516,9 +491,6 @@ class Launcher:
                 os.wait()
             except ChildProcessError:
                 break
-        if self.peer_closed and not self.orderly:  # never on an error of the launcher's
-            for path in sorted(self.owned):
-                remove_tree(path)
 
 
 def kill_orphans(keep: set[int]) -> None:

@@ -148,7 +148,6 @@ class LauncherClient:
         self._reader: threading.Thread | None = None
         self._pending: dict[int, SpawnedChild | _HomeAnswer] = {}
         self._next_id = 0
-        self._owned: set[str] = set()  # folders the launcher removes if this process dies
 
     @property
     def pid(self) -> int | None:
@@ -168,8 +167,6 @@ class LauncherClient:
         finally:
             child.close()
         self._sock = parent
-        for path in sorted(self._owned):  # a launcher started again learns them again
-            send_message(parent, {"op": "own", "path": path})
         self._reader = threading.Thread(
             target=self._read_loop, args=(parent,), name="sandbox-launcher-reader", daemon=True
         )
@@ -233,20 +230,6 @@ class LauncherClient:
     def discard(self, key: str) -> None:
         """End the spare prepared under `key` (its sandbox is gone, or its view is stale)."""
         self._send_if_running({"op": "discard", "key": key})
-
-    def own(self, path: str) -> None:
-        """`path` (a sandbox's home, a workspace) is removed by the launcher if this process
-        ends without `close()`: killed, or ended by `os._exit` (ipykernel does, when the
-        Jupyter server it belongs to is gone), when no clean-up of ours can run."""
-        with self._lock:
-            self._owned.add(path)
-        self._send_if_running({"op": "own", "path": path})
-
-    def disown(self, path: str) -> None:
-        """`path` is gone, or no longer ours to remove."""
-        with self._lock:
-            self._owned.discard(path)
-        self._send_if_running({"op": "disown", "path": path})
 
     def _send_if_running(self, message: dict[str, object], fds: list[int] = ()) -> None:
         with self._lock:
@@ -324,14 +307,8 @@ class LauncherClient:
             self._process = None
 
     def close(self) -> None:
-        """Closing the socket makes the launcher kill its live children and exit; said
-        goodbye first, it leaves the folders it was given to the caller's own clean-up."""
+        """Closing the socket makes the launcher kill its live children and exit."""
         with self._lock:
-            if self._sock is not None:
-                try:
-                    send_message(self._sock, {"op": "bye"})
-                except OSError:
-                    pass
             self._cleanup_locked()
         if self._reader is not None:
             self._reader.join(timeout=5)

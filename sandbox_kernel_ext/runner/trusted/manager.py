@@ -213,7 +213,6 @@ class SandboxManager:
         gated = tuple(gated_roots(capability))  # a bad path table fails here, not in a run
         sandbox_id = str(uuid.uuid4())
         home = tempfile.mkdtemp(prefix=f"sandbox-{sandbox_id[:8]}-", dir=_homes_folder())
-        self._launcher.own(home)
         if self.child_uid is not None:
             os.chown(home, self.child_uid, self.child_uid)
         os.chmod(home, 0o700)
@@ -228,7 +227,6 @@ class SandboxManager:
             if home_mount is not None:
                 os.close(home_mount)
             remove_tree(home)
-            self._launcher.disown(home)
             raise
         with self._lock:
             self._sandboxes[sandbox_id] = _Sandbox(sandbox_id, capability, home, denied=denied,
@@ -414,13 +412,6 @@ class SandboxManager:
             os.close(sandbox.home_mount)  # the tmpfs goes with the last run's copy of it
             sandbox.home_mount = None
         remove_tree(sandbox.home)
-        self._launcher.disown(sandbox.home)
-
-    def own_folder(self, path: str) -> None:
-        """Have `path` removed even if this process is killed (or ends by `os._exit`) before
-        its own clean-up: the launcher removes it once every child is dead. For folders made
-        for the sandboxes, such as a notebook session's workspace."""
-        self._launcher.own(path)
 
     def close(self) -> None:
         """Destroy every sandbox and stop the launcher (nothing is left running)."""
