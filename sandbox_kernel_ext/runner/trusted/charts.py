@@ -101,7 +101,7 @@ START_SCRIPT = trusted_script(_START)
 VEGA_START_SCRIPT = trusted_script(_VEGA_START)
 _cache: dict[tuple[str, int, int], TrustedScript] = {}
 _cache_lock = threading.Lock()
-_vega: dict[str, TrustedScript] = {}  # by vl-convert's version
+_vega: dict[str, TrustedScript] = {}  # by vl-convert's version, under _vega_lock
 _vega_lock = threading.Lock()
 
 
@@ -164,9 +164,8 @@ def _vega_js() -> TrustedScript | None:
                 text = vl_convert.javascript_bundle()
                 if not isinstance(text, str) or "</script" in text.lower():
                     return None
-                with _cache_lock:
-                    _vega.clear()
-                    _vega[version] = trusted_script(text)
+                _vega.clear()
+                _vega[version] = trusted_script(text)
             return _vega[version]
         except Exception:  # noqa: BLE001 - any failure of the package: the chart as text
             return None
