@@ -55,6 +55,8 @@ class KernelSession:
         self.states: dict[str, dict[str, Any]] = {}  # widget model id -> synced state
         self._idle: set[str] = set()
         self._executed: list[str] = []
+        self._requests: set[str] = set()  # every execute_request sent (each gets a reply)
+        self._replies: dict[str, Message] = {}  # shell replies read so far, by request
         # Where clicks go: None, the main shell; a subshell's id, as JupyterLab 4.4 sends
         # them on a kernel that handles comm messages there (ipykernel 7.1-7.3).
         self.widget_subshell: str | None = None
@@ -67,6 +69,7 @@ class KernelSession:
         """Queue a cell (later cells still run if it fails) and return its msg_id."""
         msg_id = self.client.execute(code, allow_stdin=allow_stdin, stop_on_error=False)
         self._executed.append(msg_id)
+        self._requests.add(msg_id)
         return msg_id
 
     def run(self, code: str, *, allow_stdin: bool = True) -> str:
@@ -78,7 +81,34 @@ class KernelSession:
         return msg_id
 
     def wait_idle(self, msg_id: str, timeout: float = LIVENESS) -> None:
+        """Until the request is done: its idle status, and for a cell also its reply.
+
+        A cell is done when its execute_reply has come too, as nbclient waits for it before
+        it sends the next cell. Sending on idle alone loses requests on ipykernel 7.0-7.3:
+        the kernel writes its reply to the shell socket from a thread, outside the stream that
+        reads the socket, and a request landing during that write is never read
+        (ipython/ipykernel#1554, fixed by #1529 in 7.4); back-to-back cells sent on idle hung
+        there within about a hundred cells.
+        """
         self.wait_for(lambda m: msg_id in self._idle, f"cell {msg_id} to finish", timeout)
+        if msg_id in self._requests:
+            self.reply(msg_id, timeout)
+
+    def reply(self, msg_id: str, timeout: float = LIVENESS) -> Message:
+        """The shell channel's reply to request `msg_id` (replies to others are kept)."""
+        deadline = time.monotonic() + timeout
+        while msg_id not in self._replies:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no reply to {msg_id} within {timeout:g} s")
+            try:
+                msg = self.client.get_shell_msg(timeout=min(0.5, left))
+            except queue.Empty:
+                continue
+            parent = _parent_id(msg)
+            if parent is not None:
+                self._replies[parent] = msg
+        return self._replies[msg_id]
 
     def outputs(self, msg_id: str) -> list[Message]:
         return [m for m in self.messages if _parent_id(m) == msg_id]

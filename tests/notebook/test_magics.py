@@ -507,10 +507,7 @@ def test_a_cell_cannot_choose_its_policy_unless_the_session_allows(
 def help_page(k: KernelSession) -> str:
     """What `%%sandbox?` pages (the payload of the cell's execute_reply)."""
     msg_id = cell(k, "%%sandbox?")
-    reply = k.client.get_shell_msg(timeout=LIVENESS)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = k.client.get_shell_msg(timeout=LIVENESS)
-    return str(reply["content"]["payload"][0]["data"]["text/plain"])
+    return str(k.reply(msg_id)["content"]["payload"][0]["data"]["text/plain"])
 
 
 def test_question_mark_documents_every_option(k: KernelSession) -> None:
