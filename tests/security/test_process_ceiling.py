@@ -10,6 +10,7 @@ EAGAIN inside the sandbox, and the host keeps its pids.
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -58,3 +59,25 @@ def test_an_unprivileged_childs_fork_bomb_stops_at_its_rlimit() -> None:
         result = manager.run_python(sid, BOMB, timeout=60)
     refusal, made = result.stdout.split()
     assert refusal == "EAGAIN" and int(made) < MAX_PROCESSES, result
+
+
+def test_the_kernels_other_processes_leave_a_sandbox_its_whole_budget() -> None:
+    """Where a child keeps the kernel's uid with no user namespace of its own (Docker's
+    profile), Linux counts its tasks with every task of that uid: the kernel's threads, the
+    server's, other containers' of the same uid. A uid with more tasks than `max_processes`
+    left every sandbox without a single fork (seen running the Docker profile's suite beside
+    another container of the same uid). The budget is the sandbox's own, on top of them."""
+    others = [subprocess.Popen(["sleep", "120"]) for _ in range(MAX_PROCESSES + 5)]
+    try:
+        policy = CapabilityDeclaration(resource_limits=ResourceLimits(
+            max_processes=MAX_PROCESSES))
+        with SandboxManager() as manager:
+            sid = manager.create_sandbox(policy)
+            result = manager.run_python(sid, (
+                "import subprocess\n"
+                "print(sum(subprocess.run(['true']).returncode for _ in range(3)))"), timeout=60)
+    finally:
+        for process in others:
+            process.kill()
+            process.wait()
+    assert result.exit_code == 0 and result.stdout == "0\n", result

@@ -38,6 +38,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ...policy.paths import is_within
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
+from ..linux.tasks import uid_tasks
 from ..linux.remove_tree import remove_tree
 from ..linux.syscalls import no_core_dumps
 from ..wire import ChildPlan
@@ -624,7 +625,15 @@ class SandboxManager:
                           proxy_port=PROXY_PORT if egress else None,
                           disk_headroom=self._disk_headroom(sandbox),
                           owner_mapping=self._owner_map is not None,
-                          sized_home=sandbox.home_mount is not None)
+                          sized_home=sandbox.home_mount is not None,
+                          shared_tasks=self._shared_tasks())
+
+    def _shared_tasks(self) -> int:
+        """Tasks Linux counts with a child's own against its process budget: with the
+        kernel's uid and no user namespace (Docker's profile), every task of that uid."""
+        if self.child_uid is not None or user_namespaces():
+            return 0
+        return uid_tasks(os.getuid())
 
     def _disk_headroom(self, sandbox: _Sandbox) -> int | None:
         """Bytes the sandbox may still add to its folders (None: no quota); a sandbox already

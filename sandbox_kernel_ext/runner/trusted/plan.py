@@ -520,11 +520,12 @@ SESSION_ENV = {"MPLBACKEND": "module://sandbox_kernel_ext.runner.child.figures",
 
 
 def rlimits_for(capability: CapabilityDeclaration, kind: str = "python",
-                disk_headroom: int | None = None) -> dict[str, list[int]]:
+                disk_headroom: int | None = None, shared_tasks: int = 0) -> dict[str, list[int]]:
     """Backstops Linux enforces per process; the monitor enforces the exact budgets on the
     whole tree. A session has no CPU rlimit: its budget is per cell, and the rlimit would
     count every cell the process ever ran. `disk_headroom`, what the disk quota has left,
-    caps each file too."""
+    caps each file too. `shared_tasks`: tasks of the child's uid outside the sandbox that
+    Linux counts with the child's (`linux/tasks.py`), added to its process budget."""
     limits = capability.resource_limits
     mib = 1024 * 1024
     cpu = math.ceil(limits.max_cpu_seconds) + 1
@@ -539,7 +540,7 @@ def rlimits_for(capability: CapabilityDeclaration, kind: str = "python",
         "RLIMIT_CPU": [cpu, cpu + 1],
         "RLIMIT_FSIZE": [file_size, file_size],
         "RLIMIT_NOFILE": [limits.max_open_files] * 2,
-        "RLIMIT_NPROC": [limits.max_processes] * 2,
+        "RLIMIT_NPROC": [limits.max_processes + shared_tasks] * 2,
         "RLIMIT_CORE": [0, 0],
     }
     if kind == "session":
@@ -578,12 +579,14 @@ def build_plan(
     disk_headroom: int | None = None,
     owner_mapping: bool = False,
     sized_home: bool = False,
+    shared_tasks: int = 0,
 ) -> ChildPlan:
     """`pinned`: the grants as resolved when the sandbox was made. A grant that resolves
     elsewhere now (a folder swapped for a symlink, perhaps by an earlier run of this very
     sandbox) refuses the run instead of granting the link's target. `owner_mapping`: the run
     comes with an owner map (a root kernel's unprivileged child), so root's granted folders
-    are shown to the child as its own. `sized_home`: the home is a tmpfs the run brings."""
+    are shown to the child as its own. `sized_home`: the home is a tmpfs the run brings.
+    `shared_tasks`: see `rlimits_for`."""
     denied, own = denied_for(capability, denied)  # the credential list and the policy's own
     readable, writable = filesystem_grants(capability)
     if cwd and not any(is_within(os.path.realpath(cwd), path) for path in (
@@ -623,7 +626,7 @@ def build_plan(
         cwd=workdir,
         read_paths=read_paths,
         write_paths=write_paths,
-        rlimits=rlimits_for(capability, kind, disk_headroom),
+        rlimits=rlimits_for(capability, kind, disk_headroom, shared_tasks),
         uid=uid,
         gid=gid,
         proxy_port=proxy_port,
