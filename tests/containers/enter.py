@@ -164,14 +164,15 @@ def build_filesystem(keep: list[str]) -> None:
             mount(path, path, None, MS_BIND | MS_REC | MS_REMOUNT | MS_RDONLY)
 
 
-def become_pod_user() -> None:
-    """uid/gid 1000, no groups, no capability left in any set, `no_new_privs`."""
+def become_pod_user(uid: int = POD_UID) -> None:
+    """uid/gid `uid` (1000, as in Jupyter's images), no groups, no capability left in any
+    set, `no_new_privs`."""
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
         _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop bounding set")
     os.setgroups([])
-    os.setresgid(POD_UID, POD_UID, POD_UID)
-    os.setresuid(POD_UID, POD_UID, POD_UID)  # from root: the permitted and effective sets go
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root: the permitted and effective sets go
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     status = open("/proc/self/status").read()
     for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
@@ -260,6 +261,10 @@ def main() -> None:
     parser.add_argument("--keep", action="append", default=[],
                         help="a folder under /tmp or /home the command needs (a clone of this "
                              "repository)")
+    parser.add_argument("--uid", type=int, default=POD_UID,
+                        help="the pod's uid (containers run side by side get one each: "
+                             "without user namespaces, Linux counts a uid's processes "
+                             "across all of them)")
     parser.add_argument("command", nargs="+")
     options = parser.parse_args()
     if os.geteuid() != 0:
@@ -282,7 +287,7 @@ def main() -> None:
         build_filesystem([os.path.realpath(path) for path in options.keep])
         traversable(os.path.realpath(options.command[0]))
         home = "/home/jovyan"
-        become_pod_user()
+        become_pod_user(options.uid)
         os.makedirs(home, exist_ok=True)
         if profile is not None:
             load_profile(profile)

@@ -1,20 +1,25 @@
 """The security suite and the tour inside a pod's container, once per seccomp profile.
 
 `enter.py` builds the conditions a container runtime gives a Jupyter pod (namespaces, a
-read-only host, a fresh /proc with the runtime's masked paths, uid 1000 with no capability,
-`no_new_privs`, then Docker's or Podman's real seccomp profile, or none) and runs a command
-there. Each test below runs a whole suite that way and fails with its summary.
+read-only host, a fresh /proc with the runtime's masked paths, a uid of 1000 or up with no
+capability, `no_new_privs`, then Docker's or Podman's real seccomp profile, or none) and runs
+a command there. Each test below runs a whole suite that way and fails with its summary; the
+three profiles' security suites run side by side.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from side_by_side import side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTER = ROOT / "tests" / "containers" / "enter.py"
@@ -27,13 +32,36 @@ pytestmark = [
 ]
 
 
-def _in_container(profile: str, *command: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def _container_argv(profile: str, *command: str) -> list[str]:
+    # A uid per profile, as pods of their own would have: the suites run side by side, and
+    # Linux counts the processes of a uid that has no user namespace across every container
+    # (`docs/guarantees.md`), so one suite's sandboxes would eat another's process budget.
+    uid = 1000 + PROFILES.index(profile)
+    return ["/usr/bin/python3", str(ENTER), "--profile", profile, "--uid", str(uid),
+            "--keep", str(ROOT), "--", sys.executable, *command]
+
+
+_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, not another install
+
+
+def _in_container(profile: str, *command: str,
+                  timeout: float = 1800) -> subprocess.CompletedProcess:
     """`command` under the conditions of a pod whose runtime uses `profile`."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, not another install
-    return subprocess.run(
-        ["/usr/bin/python3", str(ENTER), "--profile", profile, "--keep", str(ROOT), "--",
-         sys.executable, *command],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(_container_argv(profile, *command), cwd=ROOT, env=_ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+SUITE = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/security",
+         "tests/runner/test_egress_sandbox.py", "-W", "ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def suites() -> Iterator[dict[str, Future[subprocess.CompletedProcess]]]:
+    """The security suite in every profile's container, side by side (each container has
+    its own /tmp, /dev/shm, PID and network namespaces, and uid)."""
+    with side_by_side({profile: functools.partial(_in_container, profile, *SUITE)
+                       for profile in PROFILES}) as running:
+        yield running
 
 
 def _tail(done: subprocess.CompletedProcess, lines: int = 60) -> str:
@@ -76,10 +104,9 @@ def test_the_report_names_what_the_pod_takes_away(profile: str) -> None:
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_the_security_suite_holds_in(profile: str) -> None:
-    done = _in_container(profile, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "tests/security", "tests/runner/test_egress_sandbox.py",
-                         "-W", "ignore::UserWarning")
+def test_the_security_suite_holds_in(
+        profile: str, suites: dict[str, Future[subprocess.CompletedProcess]]) -> None:
+    done = suites[profile].result()
     assert done.returncode == 0, _tail(done)
 
 

@@ -81,3 +81,41 @@ def test_the_kernels_other_processes_leave_a_sandbox_its_whole_budget() -> None:
             process.kill()
             process.wait()
     assert result.exit_code == 0 and result.stdout == "0\n", result
+
+
+THREADS = """
+import threading, time
+threading.stack_size(64 * 1024)
+started = 0
+try:
+    for _ in range({count}):
+        threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+        started += 1
+except RuntimeError:
+    pass
+print(started)
+"""
+
+
+def test_another_sandboxs_tasks_do_not_widen_a_sandboxs_room() -> None:
+    """Found in review: counting every task of the uid counted other sandboxes' too, so a
+    session started beside one holding many threads got their room on top of its own, and
+    once they ended it had it all (threads are bounded by RLIMIT_NPROC alone: the monitor
+    counts processes); two sessions taking turns widened each other without end. A
+    sandbox's tasks are never counted for another, so after the first session ends the
+    second still starts fewer threads than its `max_processes`."""
+    policy = CapabilityDeclaration(resource_limits=ResourceLimits(
+        max_processes=MAX_PROCESSES, max_memory_mb=1024))
+    with SandboxManager() as manager:
+        first, second = manager.create_sandbox(policy), manager.create_sandbox(policy)
+        holding = manager.start_session(first)
+        held = holding.run_cell(THREADS.format(count=MAX_PROCESSES - 4))
+        assert int(held.stdout) >= MAX_PROCESSES // 2, held  # the attack ran
+        widened = manager.start_session(second)  # counted while the first holds its threads
+        try:
+            holding.close()
+            manager.destroy(first)
+            started = widened.run_cell(THREADS.format(count=5 * MAX_PROCESSES))
+        finally:
+            widened.close()
+    assert 0 < int(started.stdout) < MAX_PROCESSES, started

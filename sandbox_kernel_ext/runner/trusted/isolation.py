@@ -227,11 +227,11 @@ def _child_identity() -> str:
 def _process_ceiling() -> str:
     """What bounds the number of a child's processes on this host (the report's words)."""
     if not user_namespaces() and os.geteuid() != 0:
-        return ("RLIMIT_NPROC (max_processes more than the tasks of the kernel's uid when a run "
-                "starts: with no user namespace Linux counts the child's tasks with all of "
-                "that uid's, also those of other containers of the same uid, which this "
-                "process cannot see and which a run's budget does not include) and the "
-                "monitor's count")
+        return ("RLIMIT_NPROC (max_processes more than the tasks of the kernel's uid outside "
+                "every sandbox when a run or session starts: with no user namespace Linux "
+                "counts the child's tasks with all of that uid's, also those of other "
+                "containers of the same uid, which this process cannot see and which take "
+                "from the child's room) and the monitor's count of its processes")
     return ("RLIMIT_NPROC (max_processes, per uid; root's uid is exempt), and the PID "
             "namespace's own pid_max (302 + max_processes), which binds root's uid too"
             if private_mounts()["proc"] and _linux_at_least(6, 14) else

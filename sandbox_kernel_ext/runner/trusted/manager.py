@@ -38,7 +38,7 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ...policy.paths import is_within
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
-from ..linux.tasks import uid_tasks
+from ..linux.tasks import unsandboxed_tasks
 from ..linux.remove_tree import remove_tree
 from ..linux.syscalls import no_core_dumps
 from ..wire import ChildPlan
@@ -630,10 +630,11 @@ class SandboxManager:
 
     def _shared_tasks(self) -> int:
         """Tasks Linux counts with a child's own against its process budget: with the
-        kernel's uid and no user namespace (Docker's profile), every task of that uid."""
+        kernel's uid and no user namespace (Docker's profile), that uid's tasks outside
+        every sandbox."""
         if self.child_uid is not None or user_namespaces():
             return 0
-        return uid_tasks(os.getuid())
+        return unsandboxed_tasks(os.getuid())
 
     def _disk_headroom(self, sandbox: _Sandbox) -> int | None:
         """Bytes the sandbox may still add to its folders (None: no quota); a sandbox already
