@@ -238,17 +238,47 @@ class CellTracker:
 @contextlib.contextmanager
 def output_to(shell: Any, cell: CellParent) -> Iterator[None]:
     """Send display and print output of the calling thread to `cell`, whichever thread
-    this is (ZMQInteractiveShell.set_thread_parent, ipykernel 7.4; before, nothing is
-    done: `adopt_cell_parent` and `restore_default_parent` keep the parent instead)."""
+    this is (ZMQInteractiveShell.set_thread_parent, ipykernel 7.4; on 6.x the streams'
+    own per-thread parent, `_stream_parents`; on 7.0-7.3 `adopt_cell_parent` and
+    `restore_default_parent` keep the parent instead)."""
     set_thread_parent = getattr(shell, "set_thread_parent", None)
-    if set_thread_parent is None or not cell.message:
+    if not cell.message:
+        yield
+    elif set_thread_parent is not None:
+        tokens = set_thread_parent(cell.message)
+        try:
+            yield
+        finally:
+            shell.reset_thread_parent(tokens)
+    else:
+        with _stream_parents(cell):
+            yield
+
+
+@contextlib.contextmanager
+def _stream_parents(cell: CellParent) -> Iterator[None]:
+    """ipykernel 6.x addresses a thread's prints to the cell that started the thread, for
+    good: a thread that lives across cells (a session's, a pool's) printed an approval's
+    note into an earlier cell. Its streams look first at a context variable of theirs,
+    which is set here for the calling thread alone, then put back."""
+    if ipykernel_version() >= (7,):
         yield
         return
-    tokens = set_thread_parent(cell.message)
+    import sys
+
+    from jupyter_client.session import extract_header
+
+    header = extract_header(cell.message)
+    tokens = []
+    for stream in (sys.stdout, sys.stderr):
+        variable = getattr(stream, "_parent_header", None)
+        if isinstance(variable, contextvars.ContextVar):
+            tokens.append((variable, variable.set(header)))
     try:
         yield
     finally:
-        shell.reset_thread_parent(tokens)
+        for variable, token in reversed(tokens):
+            variable.reset(token)
 
 
 def adopt_cell_parent(kernel: Any, cell: CellParent) -> None:

@@ -247,6 +247,49 @@ def test_always_from_a_background_thread_while_the_main_thread_blocks(
     assert (tmp_path / "thread.txt").read_text() == "again, no question"
 
 
+def test_a_thread_from_an_earlier_cell_asks_in_the_cell_that_waits(
+    k: KernelSession, tmp_path: Path
+) -> None:
+    """A thread that lives across cells (an agent's worker, a pool's) asks while a later
+    cell waits for it: what the asking shows belongs to that later cell. On ipykernel 6.x a
+    thread's prints went to the cell that started it, so the note saying why nobody could
+    click landed in an earlier cell (seen as a missing note under load)."""
+    started = k.run(f"""
+import queue, threading
+jobs = queue.Queue()
+def serve():
+    while True:
+        job, done = jobs.get()
+        try:
+            done.append(job())
+        except Exception as exc:
+            done.append(exc)
+threading.Thread(target=serve, daemon=True).start()
+tk_worker = toolset({str(tmp_path)!r}, responder)
+""")
+    route = click_route(k)  # asked before the cell below makes the kernel busy
+    msg_id = k.execute(textwrap.dedent("""
+        import time
+        done = []
+        jobs.put((lambda: tk_worker.write("/data/worker.txt", "from a worker"), done))
+        while not done:
+            time.sleep(0.05)
+        print("refused:", isinstance(done[0], PermissionError))
+        """))
+    if route in ("pump", "none"):
+        k.wait_idle(msg_id)
+        assert DENIED_AT_ONCE in k.text(msg_id, "stderr"), k.outputs(msg_id)
+    else:
+        root = k.wait_for_widget(msg_id)
+        k.acknowledge_render(root)
+        k.click(root, "Deny")
+        k.wait_idle(msg_id)
+    assert "refused: True" in k.text(msg_id, "stdout")
+    shown = ("stream", "display_data", "update_display_data")
+    assert [m for m in k.outputs(started) if m["msg_type"] in shown] == []
+    assert not (tmp_path / "worker.txt").exists()
+
+
 def test_a_cell_queued_while_approval_is_pending_runs_after_it(
     k: KernelSession, tmp_path: Path
 ) -> None:
