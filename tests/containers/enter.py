@@ -288,6 +288,9 @@ def main() -> None:
         traversable(os.path.realpath(options.command[0]))
         home = "/home/jovyan"
         become_pod_user(options.uid)
+        # Changing credentials clears the parent-death signal: set again (a killed test
+        # left whole containers running).
+        _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         os.makedirs(home, exist_ok=True)
         if profile is not None:
             load_profile(profile)
