@@ -38,9 +38,9 @@ from ...policy.errors import SandboxError
 from ...policy.models import CapabilityDeclaration, SandboxResult, SandboxStatus
 from ...policy.paths import is_within
 from ..linux.namespaces import idmapped_tree, mapping_user_namespace
-from ..linux.tasks import unsandboxed_tasks
 from ..linux.remove_tree import remove_tree
 from ..linux.syscalls import no_core_dumps
+from ..linux.tasks import unsandboxed_tasks
 from ..wire import ChildPlan
 from .connect_broker import ConnectBroker
 from .control import CellEvents, ControlChannel, InputCallback
@@ -50,8 +50,8 @@ from .gated_files import GatedFiles, GatedRoot, gated_roots
 from .isolation import (
     check_tier,
     default_child_uid,
-    missing_layers,
     egress_possible,
+    missing_layers,
     sized_homes_possible,
     user_namespaces,
 )
