@@ -238,9 +238,10 @@ class CellTracker:
 @contextlib.contextmanager
 def output_to(shell: Any, cell: CellParent) -> Iterator[None]:
     """Send display and print output of the calling thread to `cell`, whichever thread
-    this is (ZMQInteractiveShell.set_thread_parent, ipykernel 7.4; on 6.x the streams'
-    own per-thread parent, `_stream_parents`; on 7.0-7.3 `adopt_cell_parent` and
-    `restore_default_parent` keep the parent instead)."""
+    this is (ZMQInteractiveShell.set_thread_parent, ipykernel 7.4). On 6.x only prints are
+    addressed per thread (`_stream_parents`): displays and comm messages follow the kernel's
+    latest request, which is the waiting cell unless a click is being handled that moment.
+    On 7.0-7.3 `adopt_cell_parent` and `restore_default_parent` keep the parent instead."""
     set_thread_parent = getattr(shell, "set_thread_parent", None)
     if not cell.message:
         yield
