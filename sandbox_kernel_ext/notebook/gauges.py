@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -358,6 +359,47 @@ _RUNNING = {"text/plain": "Sandbox running…",
                          'padding:4px 0;font-weight:600" role="status">Sandbox running…</div>'}
 
 
+class _PublisherWithoutStreamFlush:
+    """The kernel's display publisher, except that it does not flush the output streams
+    first: each flush waits twice on the kernel's I/O thread, most of what the gauges cost
+    a quick cell."""
+
+    def __init__(self, publisher: Any) -> None:
+        self._publisher = publisher
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._publisher, name)
+
+    def _flush_streams(self) -> None:
+        pass
+
+
+def _streams_hold_text() -> bool:
+    """Whether text written to the kernel's streams may not have been sent yet (ipykernel's
+    streams mark it as a flush they have scheduled; any other stream counts as holding)."""
+    return any(getattr(stream, "_flush_pending", True) for stream in (sys.stdout, sys.stderr))
+
+
+def _publish(bundle: Mapping[str, Any], handle: DisplayHandle, *, update: bool) -> None:
+    """Show `bundle` as `handle`'s display (raw), or update it in place. The kernel's
+    publisher flushes the streams first, so that a display comes after the text printed
+    before it; that wait is skipped where it can change nothing: for an update in place
+    (it has no position to keep) and when no text is held. Under `%%capture` or outside
+    ipykernel the display goes the ordinary way."""
+    from ipykernel.zmqshell import ZMQDisplayPublisher
+
+    publisher = getattr(get_ipython(), "display_pub", None)
+    if type(publisher) is not ZMQDisplayPublisher or (not update and _streams_hold_text()):
+        if update:
+            handle.update(bundle, raw=True)
+        else:
+            handle.display(bundle, raw=True)
+        return
+    ZMQDisplayPublisher.publish(_PublisherWithoutStreamFlush(publisher), data=dict(bundle),
+                                metadata={}, transient={"display_id": handle.display_id},
+                                update=update)
+
+
 class CellGauges:
     """A `%%sandbox` cell's gauges, in one place of its output from start to end: a line saying
     it runs, the live panel once the cell has run for `show_after` seconds (a wait for a
@@ -387,7 +429,8 @@ class CellGauges:
             if self._started is None:
                 self._started = time.monotonic()
             if self.panel is None:
-                self._handle = display(_RUNNING, raw=True, display_id=True)
+                self._handle = DisplayHandle()
+                _publish(_RUNNING, self._handle, update=False)
             else:
                 self._handle = display(self.panel, display_id=True)
 
@@ -423,7 +466,7 @@ class CellGauges:
                 print(summary_line(readings, self.limits, outcome), flush=True)
             elif handle is not None and self._cell is not None:
                 adopt_cell_parent(*self._cell)
-                handle.update(record_bundle(readings, self.limits, outcome), raw=True)
+                _publish(record_bundle(readings, self.limits, outcome), handle, update=True)
         finally:
             if panel is not None:
                 panel.retire()

@@ -345,3 +345,50 @@ def test_a_bad_snapshot_makes_no_panel(kernel: Any) -> None:
         """))
     assert kernel.text(msg_id, "stdout").splitlines() == [
         "refused: snapshot['memory_mb'] must be a finite number, got nan", "None"]
+
+
+# -- where the gauges' messages go: after the text printed before them, into a capture ----------
+
+SHOW_AND_FREEZE = """
+from sandbox_kernel_ext.notebook.gauges import CellGauges
+gauges = CellGauges(limits={limits!r}, show_after=3600)
+{before}
+gauges.show()
+print("during", flush={flush!r})
+gauges.freeze({{"elapsed_seconds": 0.1, "peak_memory_mb": 12.0}}, outcome="finished")
+"""
+
+
+def _visible(kernel: Any, msg_id: str) -> list[tuple[str, str]]:
+    return [(m["msg_type"], m["content"].get("text", "").strip() or
+             m["content"].get("data", {}).get("text/plain", "")[:16])
+            for m in kernel.outputs(msg_id)
+            if m["msg_type"] in ("stream", "display_data", "update_display_data")]
+
+
+@pytest.mark.parametrize("before", ["", "print('before')", "import sys; sys.stderr.write('b')"])
+@pytest.mark.parametrize("flush", [False, True])
+def test_the_gauges_line_comes_after_the_text_printed_before_it(kernel: Any, before: str,
+                                                                flush: bool) -> None:
+    """The line is shown without waiting on the kernel's I/O thread only when no text is
+    held; the record updates it in place, wherever its message falls among the streams."""
+    msg_id = kernel.run(SHOW_AND_FREEZE.format(limits=LIMITS, before=before, flush=flush))
+    assert kernel.error(msg_id) is None, kernel.error(msg_id)
+    shown = _visible(kernel, msg_id)
+    line = shown.index(("display_data", "Sandbox running…"))
+    assert [kind for kind, _ in shown[:line]] == (["stream"] if before else []), shown
+    [record] = [i for i, (kind, _) in enumerate(shown) if kind == "update_display_data"]
+    assert record > line and shown[record][1].startswith("Sandbox finished"), shown
+    assert sorted(text for kind, text in shown if kind == "stream") == sorted(
+        ["during"] + (["before" if "print" in before else "b"] if before else [])), shown
+
+
+def test_captured_gauges_stay_in_the_capture(kernel: Any) -> None:
+    msg_id = kernel.run("%%capture captured\n" + SHOW_AND_FREEZE.format(
+        limits=LIMITS, before="", flush=False))
+    assert kernel.error(msg_id) is None, kernel.error(msg_id)
+    assert _visible(kernel, msg_id) == [], _visible(kernel, msg_id)
+    seen = kernel.text(kernel.run(
+        "print([(o.update, o.data['text/plain'][:16]) for o in captured.outputs])"),
+        "stdout")
+    assert seen.strip() == "[(False, 'Sandbox running…'), (True, 'Sandbox finished')]", seen
