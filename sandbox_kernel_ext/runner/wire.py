@@ -9,7 +9,8 @@ This module is their shared vocabulary and imports none of them:
 - the launcher's message framing (one JSON object per SOCK_SEQPACKET message, descriptors in
   SCM_RIGHTS) and its size caps;
 - the encoding of a cell's output variables (JSON-safe data only: the trusted side never
-  unpickles anything a sandboxed process wrote).
+  unpickles anything a sandboxed process wrote);
+- the display format a Bokeh plot crosses in (`BOKEH_ITEM_MIME`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from typing import Any
 __all__ = [
     "ChildPlan", "CONTROL_FD", "PAYLOAD_FD", "STATUS_FD", "MAX_MESSAGE", "FDS_PER_MESSAGE",
     "MAX_VARIABLES_BYTES", "encode_value", "decode_value", "ARRAY_TAGS", "read_to_end", "send_message",
-    "receive_message",
+    "receive_message", "BOKEH_ITEM_MIME",
 ]
+
+# A Bokeh plot shown in a sandboxed cell crosses as its `bokeh.embed.json_item` (data only,
+# checked and drawn by the trusted side, `trusted/charts.py`); never sent to a notebook page.
+BOKEH_ITEM_MIME = "application/x-sandbox-bokeh-item+json"
 
 # Where the plumbing sits in the confined child.
 CONTROL_FD = 3  # a socket to the trusted side: JSON-line frames both ways, fds back

@@ -278,6 +278,30 @@ def test_text_and_displays_keep_their_order(k: KernelSession) -> None:
     assert sequence == expected
 
 
+def test_a_bokeh_plot_shown_the_notebook_way_arrives_drawn_in_its_frame(k: KernelSession
+                                                                        ) -> None:
+    """`output_notebook()` and `show(plot)`, as Bokeh's notebook users write them: nothing
+    for the loader, the plot in an isolated frame with BokehJS; a server app says why not."""
+    msg_id = ok(k, """
+        %%sandbox --quiet
+        from bokeh.io import output_notebook, show
+        from bokeh.plotting import figure
+        output_notebook()
+        p = figure(title="bokeh from a sandbox")
+        p.scatter([1, 2, 3], [3, 1, 2])
+        show(p, notebook_handle=True)
+        """)
+    [shown] = displays(k, msg_id)
+    assert shown["data"]["text/plain"].startswith("figure(id=")
+    frame = shown["data"]["text/html"]
+    assert 'sandbox="allow-scripts"' in frame and "Bokeh.embed.embed_item" in frame
+    assert "bokeh from a sandbox" in html.unescape(frame)
+    msg_id = cell(k, "%%sandbox --quiet\nfrom bokeh.io import show\nshow(lambda doc: None)")
+    error = k.error(msg_id)
+    assert error is not None and "RuntimeError: a Bokeh server application cannot be shown " \
+        "from a sandboxed cell" in error["evalue"], error
+
+
 def test_a_widget_shows_its_text_and_why_it_is_not_live(k: KernelSession) -> None:
     from sandbox_kernel_ext.runner.trusted.display import WIDGET_NOTE
 

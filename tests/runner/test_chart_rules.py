@@ -1,10 +1,13 @@
-"""What a sandbox's plotly figure becomes (`runner/trusted/charts.py`), checked as data: the
-figure crosses as JSON no text in it can end, the only scripts are the kernel environment's
-plotly.js and ours (pinned by hash), and the options that point plotly at a server stay out."""
+"""What a sandbox's chart becomes (`runner/trusted/charts.py`), checked as data: a plotly
+figure, a Vega spec or a Bokeh plot crosses as JSON no text in it can end, the only scripts
+are the kernel environment's library and ours (pinned by hash), the options that point a
+library at a server stay out, and a Bokeh plot made of anything but drawing models (code,
+links, HTML) shows as text saying what it has."""
 
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import html
 import json
@@ -43,15 +46,19 @@ def scripts_of(document: str) -> list[tuple[str, str]]:
        layout=st.dictionaries(st.text(), json_values, max_size=5))
 def test_no_text_in_a_figure_ends_its_data_block_and_it_reads_back(data: list, layout: dict
                                                                    ) -> None:
-    out, _ = safe_bundle({PLOTLY: {"data": data, "layout": layout}, "text/plain": "f"}, {})
-    document = frame_document(out["text/html"])
-    scripts = scripts_of(document)
-    # The sizer, the data block, plotly.js, our start-up: nothing more, in that order.
-    assert len(scripts) == 4, [s[0] for s in scripts]
-    attributes, block = scripts[1]
+    markup, _ = charts.plotly_parts({"data": data, "layout": layout})  # the frame's body
+    [(attributes, block)] = scripts_of(markup)
     assert 'type="application/json"' in attributes
     assert not set("<>&") & set(block)
     assert json.loads(block)["data"] == data and json.loads(block)["layout"] == layout
+
+
+def test_a_figures_frame_runs_the_sizer_its_library_and_start_up_after_its_data() -> None:
+    out, _ = safe_bundle({PLOTLY: {"data": [{"y": [1]}], "layout": {}}, "text/plain": "f"}, {})
+    scripts = scripts_of(frame_document(out["text/html"]))
+    assert len(scripts) == 4, [s[0] for s in scripts]
+    assert 'type="application/json"' in scripts[1][0]
+    assert scripts[3][1] == charts.START_SCRIPT.text
 
 
 def test_every_script_that_runs_is_pinned_by_its_hash_and_is_the_kernels_plotly() -> None:
@@ -95,7 +102,7 @@ def test_without_plotly_in_the_kernels_environment_the_figure_is_text(monkeypatc
     assert out == {"text/plain": "Figure(...)\n" + charts.PLOTLY_MISSING_NOTE}
 
 
-def test_charts_without_an_isolated_renderer_say_so() -> None:
+def test_bokehs_page_scripts_show_as_text_and_say_so() -> None:
     out, _ = safe_bundle({"application/vnd.bokehjs_exec.v0+json": {}, "text/plain": "p"}, {})
     assert out == {"text/plain": "p\n" + charts.CHART_NOTES["application/vnd.bokehjs_"]}
 
@@ -154,3 +161,206 @@ def test_a_package_the_kernel_would_import_from_a_writable_folder_is_not_used(
     assert charts.installed_package("plotly") is None
     out, _ = safe_bundle({PLOTLY: {"data": []}, "text/plain": "Figure(...)"}, {})
     assert out == {"text/plain": "Figure(...)\n" + charts.PLOTLY_MISSING_NOTE}
+
+
+# -- Bokeh -----------------------------------------------------------------------------------
+from bokeh import layouts as bokeh_layouts  # noqa: E402
+from bokeh import plotting as bokeh_plotting  # noqa: E402
+from bokeh import models as bokeh_models  # noqa: E402
+from bokeh.embed import json_item  # noqa: E402
+from bokeh.transform import factor_cmap, jitter, linear_cmap  # noqa: E402
+
+BOKEH = charts.BOKEH_ITEM_MIME
+figure = bokeh_plotting.figure
+
+
+def _lines() -> object:
+    p = figure(title="lines", tooltips=[("x", "@x"), ("y", "@y{0.00}")],
+               x_axis_type="datetime", y_axis_type="log")
+    p.line([0, 86_400_000, 172_800_000], [1, 10, 100], legend_label="a")
+    p.scatter([0, 86_400_000], [3, 30], marker="triangle", size=10, legend_label="b")
+    p.add_layout(bokeh_models.Span(location=10, dimension="width"))
+    return p
+
+
+def _bars() -> object:
+    fruits = ["apples", "pears", "plums"]
+    source = bokeh_models.ColumnDataSource({"fruit": fruits, "n": [3, 1, 2]})
+    p = figure(x_range=fruits, tools="hover,tap,box_select,reset,save", tooltips="@fruit: @n")
+    p.vbar(x="fruit", top="n", width=0.8, source=source,
+           color=factor_cmap("fruit", "Category10_3", fruits))
+    p.scatter(x=jitter("fruit", 0.2, range=p.x_range), y="n", source=source)
+    p.add_layout(bokeh_models.LabelSet(x="fruit", y="n", text="fruit", source=source))
+    return p
+
+
+def _heatmap_and_layout() -> object:
+    import numpy as np
+
+    image = figure(tools="pan,wheel_zoom,box_zoom,reset,help,crosshair,lasso_select")
+    image.image(image=[np.arange(16.0).reshape(4, 4)], x=0, y=0, dw=1, dh=1,
+                palette="Viridis256")
+    mapper = bokeh_models.LinearColorMapper(palette="Viridis256", low=0, high=1)
+    image.add_layout(bokeh_models.ColorBar(color_mapper=mapper), "right")
+    shapes = figure()
+    shapes.patches([[1, 2, 3]], [[1, 2, 1]])
+    shapes.wedge(0, 0, 1, 0, 1)
+    shapes.quad(0, 1, 1, 0)
+    shapes.scatter([1, 2], [1, 2], color=linear_cmap("x", "Viridis256", 0, 3))
+    shapes.add_layout(bokeh_models.BoxAnnotation(left=1))
+    shapes.add_layout(bokeh_models.Arrow(end=bokeh_models.VeeHead(), x_start=0, y_start=0,
+                                         x_end=1, y_end=1))
+    return bokeh_layouts.column(bokeh_layouts.gridplot([[image, shapes]]),
+                                bokeh_layouts.row(figure(), bokeh_layouts.Spacer(width=10)))
+
+
+def bokeh_item(plot: object) -> dict:
+    return json.loads(json.dumps(json_item(plot)))  # as it arrives: JSON
+
+
+_LINES = bokeh_item(_lines())
+
+
+def drawn(item: object) -> str:
+    out, _ = safe_bundle({BOKEH: item, "text/plain": "figure(...)"}, {})
+    assert "text/html" in out, out["text/plain"]
+    assert out["text/plain"] == "figure(...)"
+    return frame_document(out["text/html"])
+
+
+@pytest.mark.parametrize("make", [_lines, _bars, _heatmap_and_layout])
+def test_bokeh_plots_people_make_are_drawn_by_the_kernels_bokehjs(make: object) -> None:
+    item = bokeh_item(make())
+    document = drawn(item)
+    scripts = scripts_of(document)
+    assert len(scripts) == 4, [s[0] for s in scripts]  # sizer, data block, BokehJS, start-up
+    assert json.loads(scripts[1][1])["doc"] == item["doc"]
+    import bokeh
+    shipped = Path(bokeh.__file__).parent / "server" / "static" / "js" / "bokeh.min.js"
+    assert scripts[2][1] == shipped.read_text("utf-8")
+    policy = re.search(r'Content-Security-Policy" content="([^"]*)"', document).group(1)
+    pinned = {f"'sha256-{base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()}'"
+              for a, t in scripts if "application/json" not in a}
+    assert set(re.search(r"script-src ([^;]*)", policy).group(1).split()) == pinned
+    assert "unsafe-eval" not in policy and "connect-src" not in policy
+
+
+def _with_callback() -> object:
+    p = figure()
+    p.scatter([1], [1])
+    p.js_on_event("tap", bokeh_models.CustomJS(code="top.postMessage(1, '*')"))
+    return p
+
+
+def _with_open_url() -> object:
+    p = figure(tools="tap")
+    p.scatter([1], [1])
+    p.select_one(bokeh_models.TapTool).callback = bokeh_models.OpenURL(url="http://x/")
+    return p
+
+
+def _with_image_url() -> object:
+    p = figure()
+    p.image_url(url=["http://x/i.png"], x=0, y=0, w=1, h=1)
+    return p
+
+
+def _with_tooltip(tooltips: object) -> object:
+    p = figure(tooltips=tooltips)
+    p.scatter([1], [1])
+    return p
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (_with_callback, "the model CustomJS, which is not drawn from a sandbox"),
+    (_with_open_url, "the model OpenURL"),
+    (lambda: bokeh_layouts.column(bokeh_models.Div(text="<meta http-equiv=refresh "
+                                                       "content='0;url=http://x/'>")),
+     "the model Div"),
+    (lambda: _with_tooltip("<img src='http://x/i'>@x"), "a tooltip written as HTML"),
+    (lambda: _with_tooltip([("x", "@x{safe}")]), "a tooltip field shown as HTML ({safe})"),
+    (_with_image_url, "the model ImageURL"),
+])
+def test_a_bokeh_plot_with_code_links_or_html_shows_as_text_saying_what(make: object,
+                                                                         says: str) -> None:
+    out, _ = safe_bundle({BOKEH: bokeh_item(make()), "text/plain": "p"}, {})
+    assert set(out) == {"text/plain"}, out.keys()
+    assert out["text/plain"].startswith("p\n[sandbox] a Bokeh plot shows as text here: it has ")
+    assert says in out["text/plain"]
+
+
+def _places(value: object, path: tuple = ()) -> list[tuple]:
+    """Every dict and list of a JSON value, by path."""
+    found = [path] if isinstance(value, (dict, list)) else []
+    children = (value.items() if isinstance(value, dict)
+                else enumerate(value) if isinstance(value, list) else ())
+    for key, child in children:
+        found += _places(child, (*path, key))
+    return found
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.text(min_size=1, max_size=30).filter(lambda n: n not in charts._BOKEH_MODELS)
+       | st.sampled_from(["CustomJS", "CustomJSHover", "CustomJSTickFormatter", "OpenURL",
+                          "Div", "Paragraph", "ImageURL", "AjaxDataSource", "WMTSTileSource",
+                          "InlineStyleSheet", "ImportedStyleSheet", "Template", "Button",
+                          "Menu", "HTMLLabel"]),
+       where=st.integers(min_value=0), as_def=st.booleans())
+def test_a_model_not_listed_anywhere_in_a_plot_makes_it_text(name: str, where: int,
+                                                             as_def: bool) -> None:
+    """Wherever a hostile child puts it (a list, an attribute, a map's entries, the document
+    itself), one model not on the list, or a model the plot defines, keeps the plot from
+    the frame."""
+    item = copy.deepcopy(_LINES)
+    places = _places(item)
+    place = places[where % len(places)]
+    target = item
+    for key in place:
+        target = target[key]
+    node = ({"type": "model", "name": "Figure", "extends": {"id": "p1"}} if as_def
+            else {"type": "object", "name": name, "id": "p999999"})
+    if isinstance(target, list):
+        target.append(node)
+    else:
+        target["sneaked"] = node
+    refused = charts.bokeh_parts(item)
+    assert isinstance(refused, str) and "a Bokeh plot shows as text here" in refused
+
+
+@settings(max_examples=100, deadline=None)
+@given(title=st.text(), values=st.lists(st.text(), min_size=1, max_size=4))
+def test_no_text_in_a_bokeh_plot_ends_its_data_block(title: str, values: list) -> None:
+    item = copy.deepcopy(_LINES)
+    item["doc"]["title"] = title
+    item["doc"]["roots"][0]["attributes"]["tags"] = values
+    markup, _ = charts.bokeh_parts(item)  # the frame's body: the plot's place, its data
+    [(attributes, block)] = scripts_of(markup)
+    assert 'type="application/json"' in attributes and not set("<>&") & set(block)
+    assert json.loads(block)["doc"] == item["doc"]
+
+
+@pytest.mark.parametrize("item", [[1], "x", {"doc": []}, {"doc": {"roots": []}},
+                                  {"root_id": "p1", "doc": {"roots": {}}}])
+def test_what_is_not_a_bokeh_plot_shows_as_text(item: object) -> None:
+    out, _ = safe_bundle({BOKEH: item, "text/plain": "p"}, {})
+    assert out == {"text/plain": "p\n[sandbox] a Bokeh plot shows as text here: its data is "
+                                 "not a plot"}
+
+
+def test_without_bokeh_in_the_kernels_environment_the_plot_is_text(monkeypatch) -> None:
+    item = bokeh_item(_lines())
+    monkeypatch.setattr(charts, "installed_package", lambda name: None)
+    out, _ = safe_bundle({BOKEH: item, "text/plain": "p"}, {})
+    assert out == {"text/plain": "p\n" + charts.BOKEH_MISSING_NOTE}
+
+
+def test_a_plot_made_by_another_bokeh_says_which(monkeypatch) -> None:
+    """BokehJS reads only what its own version writes: a plot from a Bokeh the sandbox
+    installed for itself says so instead of failing in the frame."""
+    item = bokeh_item(_lines())
+    item["doc"]["version"] = "2.4.3"
+    out, _ = safe_bundle({BOKEH: item, "text/plain": "p"}, {})
+    import bokeh
+    assert out["text/plain"] == (
+        "p\n[sandbox] a Bokeh plot shows as text here: it was made by Bokeh 2.4.3, and the "
+        f"kernel's environment has Bokeh {bokeh.__version__}")

@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ..wire import BOKEH_ITEM_MIME
+
 try:
     import mistune
 except ImportError:  # then Markdown crosses as it is, and the trusted side shows it as text
@@ -251,12 +253,43 @@ def flush_figures() -> None:
         pyplot.close("all")
 
 
+# -- Bokeh: `output_notebook()` and `show(plot)` ------------------------------------------------
+def _bokeh_load(*args: Any, **kwargs: Any) -> None:
+    """`output_notebook()`: nothing to load (the trusted side brings BokehJS with each plot,
+    from the kernel's own environment), and nothing shown."""
+
+
+def _bokeh_show(obj: Any, state: Any, notebook_handle: Any = None) -> None:
+    """`show(plot)` in a notebook: the plot crosses as its JSON item, never as the script
+    Bokeh writes for a page (which a sandbox's display may not run). `push_notebook` has
+    no handle to push through: the plot is drawn once."""
+    from bokeh.embed import json_item
+
+    publish({BOKEH_ITEM_MIME: json_item(obj), "text/plain": _text(obj)})
+
+
+def _bokeh_app(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("a Bokeh server application cannot be shown from a sandboxed cell: it "
+                       "needs a server the notebook page connects to; show a plot instead")
+
+
+def _patch_bokeh(module: Any) -> None:
+    """Bokeh's "jupyter" notebook hooks replaced by ours, once `bokeh.io` has installed its
+    own (it refuses a second install of a name, so not earlier)."""
+    install = getattr(sys.modules.get("bokeh.io.notebook"), "install_notebook_hook", None)
+    if install is not None:
+        install("jupyter", _bokeh_load, _bokeh_show, _bokeh_app, overwrite=True)
+
+
 # -- IPython's own functions, once user code imports them ---------------------------------------
 _PATCHED = {"IPython.core.display_functions": ("display", "update_display", "clear_output"),
-            "IPython.display": ("display", "update_display", "clear_output")}
+            "IPython.display": ("display", "update_display", "clear_output"),
+            "bokeh.io": ()}
 
 
 def _patch(module: Any) -> None:
+    if module.__name__ == "bokeh.io":
+        _patch_bokeh(module)
     for name in _PATCHED.get(module.__name__, ()):
         if hasattr(module, name):
             setattr(module, name, globals()[name])

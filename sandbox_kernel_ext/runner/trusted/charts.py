@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -33,8 +34,11 @@ import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["PLOTLY_MIME", "VEGA_MIME", "TrustedScript", "trusted_script", "plotly_parts",
-           "vega_parts", "CHART_NOTES"]
+from ..wire import BOKEH_ITEM_MIME
+from .crossing_text import line_text
+
+__all__ = ["PLOTLY_MIME", "VEGA_MIME", "BOKEH_ITEM_MIME", "TrustedScript", "trusted_script",
+           "plotly_parts", "vega_parts", "bokeh_parts", "CHART_NOTES"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
@@ -42,8 +46,8 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # the chart shows as text, and what shows it instead.
 CHART_NOTES = {
     "application/vnd.bokehjs_": (
-        "[sandbox] a Bokeh plot shows as text here: it has no isolated renderer yet; "
-        "bokeh.io.export_png shows it as an image"),
+        "[sandbox] a Bokeh page script shows as text here: a sandbox's script never runs; "
+        "bokeh's output_notebook() and show(plot) draw the plot from its data"),
 }
 # Vega and Vega-Lite specs (Altair's), as JupyterLab names their types (`+json`, and `.json`
 # from Vega-Lite 6 on).
@@ -54,6 +58,9 @@ VEGA_MISSING_NOTE = ("[sandbox] a Vega-Lite chart (Altair) shows as text here: t
 PLOTLY_MISSING_NOTE = ("[sandbox] a plotly figure shows as text here: the kernel's environment "
                        "has no plotly package whose plotly.js could draw it (pip install plotly "
                        "there)")
+
+BOKEH_MISSING_NOTE = ("[sandbox] a Bokeh plot shows as text here: the kernel's environment has "
+                      "no bokeh package whose BokehJS could draw it (pip install bokeh there)")
 
 # Config keys a sandbox may set: how the chart behaves in its frame. The others could point
 # plotly at a server (plotlyServerURL, topojsonURL) or carry keys (mapboxAccessToken).
@@ -71,6 +78,11 @@ _CONFIG_KEYS = frozenset({"scrollZoom", "displayModeBar", "staticPlot", "editabl
 _START = ("(function(){"
           "var f=JSON.parse(document.getElementById('figure').textContent);"
           "Plotly.newPlot(document.getElementById('plot'),f.data,f.layout,f.config);})();")
+_BOKEH_START = (
+    "(function(){"
+    "var i=JSON.parse(document.getElementById('item').textContent),c=document."
+    "getElementById('chart');Bokeh.embed.embed_item(i,'chart').catch(function(e){"
+    "c.textContent='[sandbox] the chart could not be drawn: '+e.message;});})();")
 _VEGA_START = (
     "(function(){"
     "var s=JSON.parse(document.getElementById('spec').textContent),c=document."
@@ -99,6 +111,7 @@ def trusted_script(text: str) -> TrustedScript:
 
 START_SCRIPT = trusted_script(_START)
 VEGA_START_SCRIPT = trusted_script(_VEGA_START)
+BOKEH_START_SCRIPT = trusted_script(_BOKEH_START)
 _cache: dict[tuple[str, int, int], TrustedScript] = {}
 _cache_lock = threading.Lock()
 _vega: dict[str, TrustedScript] = {}  # by vl-convert's version, under _vega_lock
@@ -123,14 +136,14 @@ def installed_package(name: str) -> Path | None:
     return None
 
 
-def _plotly_js() -> TrustedScript | None:
-    """plotly.js from the kernel environment's plotly package (found without importing it),
-    read again only when the file changes; None without one, or with one that could not
-    sit inline in a page."""
-    package = installed_package("plotly")
+def _package_script(name: str, relative: str) -> TrustedScript | None:
+    """A script file of the kernel environment's package `name` (found without importing
+    it), read again only when the file changes; None without one, or with one that could
+    not sit inline in a page."""
+    package = installed_package(name)
     if package is None:
         return None
-    path = package / "package_data" / "plotly.min.js"
+    path = package / relative
     try:
         stat = path.stat()
         key = (str(path), stat.st_mtime_ns, stat.st_size)
@@ -144,7 +157,8 @@ def _plotly_js() -> TrustedScript | None:
         return None
     script = trusted_script(text)
     with _cache_lock:
-        _cache.clear()
+        for old in [k for k in _cache if k[0] == key[0]]:
+            del _cache[old]
         _cache[key] = script
     return script
 
@@ -206,7 +220,7 @@ def plotly_parts(figure: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
     if not isinstance(figure, dict) or not isinstance(figure.get("data", []), list) or (
             not isinstance(figure.get("layout", {}), dict)):
         return "[sandbox] a plotly figure shows as text here: its data is not a figure"
-    library = _plotly_js()
+    library = _package_script("plotly", "package_data/plotly.min.js")
     if library is None:
         return PLOTLY_MISSING_NOTE
     config = figure.get("config")
@@ -222,3 +236,125 @@ def plotly_parts(figure: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
     markup = ("<div id=\"plot\" style=\"width:100%\"></div>"
               f"<script type=\"application/json\" id=\"figure\">{block}</script>")
     return markup, (library, START_SCRIPT)
+
+
+# -- Bokeh ------------------------------------------------------------------------------------
+# The models a sandbox's Bokeh plot may be made of: plots, layouts, glyphs, data, scales,
+# axes, tickers, formatters, annotations, tools. Anything else shows the plot as text, with
+# its name: CustomJS and every other model that runs code of its own (compiled with
+# `Function`, which the frame's CSP refuses anyway), OpenURL, widgets and Div (HTML), models
+# that load from a URL (ImageURL, tile and web data sources), and any model not listed here.
+_BOKEH_MODELS = frozenset("""
+    Figure Plot GridPlot GridBox Row Column Spacer Tabs TabPanel DocumentConfig Notifications
+    GlyphRenderer GraphRenderer StaticLayoutProvider NodesOnly NodesAndLinkedEdges
+    EdgesAndLinkedNodes NodesAndAdjacentNodes ColumnDataSource CDSView AllIndices IndexFilter
+    BooleanFilter GroupFilter IntersectionFilter UnionFilter DifferenceFilter
+    SymmetricDifferenceFilter InversionFilter Selection UnionRenderers IntersectRenderers
+    DataRange1d Range1d FactorRange LinearScale LogScale CategoricalScale
+    LinearAxis LogAxis CategoricalAxis DatetimeAxis MercatorAxis Grid
+    BasicTicker AdaptiveTicker LogTicker CategoricalTicker DatetimeTicker DaysTicker
+    MonthsTicker YearsTicker SingleIntervalTicker FixedTicker CompositeTicker MercatorTicker
+    BinnedTicker AllLabels NoOverlap
+    BasicTickFormatter LogTickFormatter CategoricalTickFormatter DatetimeTickFormatter
+    NumeralTickFormatter PrintfTickFormatter MercatorTickFormatter
+    LinearColorMapper LogColorMapper EqHistColorMapper CategoricalColorMapper
+    CategoricalMarkerMapper CategoricalPatternMapper CumSum Dodge Jitter Stack
+    AnnularWedge Annulus Arc Bezier Block Circle Ellipse HArea HAreaStep HBar HSpan HStrip
+    HexTile Image ImageRGBA ImageStack Line MultiLine MultiPolygons Patch Patches Quad
+    Quadratic Ray Rect Scatter Segment Step Text VArea VAreaStep VBar VSpan VStrip Wedge
+    Title Legend LegendItem Label LabelSet Span Band BoxAnnotation PolyAnnotation Whisker
+    Arrow NormalHead OpenHead VeeHead TeeHead ColorBar Slope AreaVisuals
+    BoxInteractionHandles Node
+    Toolbar ToolProxy PanTool WheelZoomTool WheelPanTool BoxZoomTool ZoomInTool ZoomOutTool
+    ResetTool SaveTool UndoTool RedoTool HelpTool HoverTool CrosshairTool TapTool
+    BoxSelectTool LassoSelectTool PolySelectTool RangeTool
+""".split())
+# HTML that a tooltip would render: a string tooltip is a template set as HTML, and a
+# `{safe}` field inserts its value as HTML.
+_HTML_SIGNS = ("<", ">", "&")
+
+
+def _refused_bokeh_part(node: dict[str, Any]) -> str | None:
+    """What makes one serialized node unfit for the frame, if anything."""
+    kind = node.get("type")
+    if kind == "model":
+        return "a model defined by the plot itself"
+    if kind != "object":
+        return None
+    name = node.get("name")
+    if not isinstance(name, str) or name not in _BOKEH_MODELS:
+        return f"the model {line_text(str(name), 80)}, which is not drawn from a sandbox"
+    attributes = node.get("attributes")
+    if name == "HoverTool" and isinstance(attributes, dict):
+        tooltips = attributes.get("tooltips")
+        if isinstance(tooltips, str) and any(sign in tooltips for sign in _HTML_SIGNS):
+            return "a tooltip written as HTML"
+        if any("{safe}" in text for text in _strings(tooltips)):
+            return "a tooltip field shown as HTML ({safe})"
+    return None
+
+
+def _strings(value: Any) -> list[str]:
+    found, pending = [], [value]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return found
+
+
+def _bokeh_refusal(item: dict[str, Any]) -> str | None:
+    """The first thing in a plot's JSON item that the frame will not draw, if any."""
+    pending: list[Any] = [item]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            if "defs" in value and value["defs"]:
+                return "models defined by the plot itself"
+            refused = _refused_bokeh_part(value)
+            if refused is not None:
+                return refused
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return None
+
+
+def bokeh_parts(item: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
+    """The frame's markup and scripts for a Bokeh plot's JSON item (`bokeh.embed.json_item`),
+    drawn by the BokehJS of the kernel's environment, or the line saying why it shows as
+    text instead."""
+    doc = item.get("doc") if isinstance(item, dict) else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("roots"), list) or not isinstance(
+            item.get("root_id"), str):
+        return "[sandbox] a Bokeh plot shows as text here: its data is not a plot"
+    package = installed_package("bokeh")
+    library = _package_script("bokeh", "server/static/js/bokeh.min.js")
+    if package is None or library is None:
+        return BOKEH_MISSING_NOTE
+    refused = _bokeh_refusal(item)
+    if refused is not None:
+        return f"[sandbox] a Bokeh plot shows as text here: it has {refused}"
+    made_by, have = str(doc.get("version", "")), _bokeh_version(package)
+    if made_by.split(".")[:2] != have.split(".")[:2]:
+        return (f"[sandbox] a Bokeh plot shows as text here: it was made by Bokeh "
+                f"{line_text(made_by, 40)}, and the kernel's environment has Bokeh {have}")
+    try:
+        block = _data_block({"target_id": None, "root_id": item["root_id"], "doc": doc})
+    except (TypeError, ValueError, RecursionError):
+        return "[sandbox] a Bokeh plot shows as text here: its data is not plain JSON"
+    markup = ("<div id=\"chart\"></div>"
+              f"<script type=\"application/json\" id=\"item\">{block}</script>")
+    return markup, (library, BOKEH_START_SCRIPT)
+
+
+def _bokeh_version(package: Path) -> str:
+    """The version of the installed bokeh whose BokehJS draws, from its own site-packages
+    folder (a version found elsewhere on the path could be anyone's)."""
+    for found in importlib.metadata.distributions(name="bokeh", path=[str(package.parent)]):
+        return str(found.version)
+    return "unknown"

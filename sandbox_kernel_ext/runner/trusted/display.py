@@ -20,11 +20,12 @@ format by format, what crosses and how it renders (docs/guarantees.md has the ta
   and would render raw HTML and make links. This side never renders Markdown: a display
   with Markdown and no HTML (only a hostile child sends one) shows as text, with a line
   saying why;
-- drawn in the same frame: a plotly figure and a Vega or Vega-Lite spec (`charts.py`), as
-  data, by a library installed in the kernel's own environment;
+- drawn in the same frame: a plotly figure, a Vega or Vega-Lite spec and a Bokeh plot's
+  JSON item (`charts.py`), as data, by a library installed in the kernel's own environment;
 - dropped: `text/latex` (MathJax again), `application/javascript`, every other
-  renderer-specific type (`application/vnd.*`: widgets, bokeh...) and anything else; the
-  text/plain form still shows, and for a widget or a Bokeh plot a line says why.
+  renderer-specific type (`application/vnd.*`: widgets, Bokeh's page scripts...) and
+  anything else; the text/plain form still shows, and for a widget or a Bokeh page script a
+  line says why.
 
 Each conversion here is linear in its input or runs under a time budget (`inert_html`), so
 no display holds the kernel's thread past it; a format that passes its budget shows as text,
@@ -46,8 +47,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
-from .charts import (CHART_NOTES, PLOTLY_MIME, VEGA_MIME, TrustedScript, plotly_parts,
-                     trusted_script, vega_parts)
+from .charts import (BOKEH_ITEM_MIME, CHART_NOTES, PLOTLY_MIME, VEGA_MIME, TrustedScript,
+                     bokeh_parts, plotly_parts, trusted_script, vega_parts)
 from .crossing_text import display_text, line_text, valid_unicode
 
 __all__ = [
@@ -345,10 +346,11 @@ def safe_bundle(data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict[st
     markup, markdown = data.get("text/html"), data.get("text/markdown")
     vega = next((mime for mime in data if isinstance(mime, str) and VEGA_MIME.match(mime)),
                 None)
-    if PLOTLY_MIME in data or vega is not None:
+    if PLOTLY_MIME in data or BOKEH_ITEM_MIME in data or vega is not None:
         # The chart is what shows: a library's own HTML only loads its script from a network.
         markup = markdown = None
         parts = (plotly_parts(data[PLOTLY_MIME]) if PLOTLY_MIME in data
+                 else bokeh_parts(data[BOKEH_ITEM_MIME]) if BOKEH_ITEM_MIME in data
                  else vega_parts(data[vega]))
         if isinstance(parts, str):
             notes.append(parts)
