@@ -1,13 +1,15 @@
 """Interactive charts from a sandboxed cell, in a real JupyterLab and Notebook 7 with Chromium.
 
-A plotly figure made in a `%%sandbox` cell must render as a chart a person can use (its
-points drawn, a hover label on a point, a drag that zooms), while the same isolation proof as
-for HTML holds in the same run: the page's title and cookies untouched, nothing written
-through the contents API, and no request reaching a loopback server that stands in for the
-internet, even from a hostile figure that points plotly at that server in every way it offers
-(layout images, topojson, the cloud server's URL, links with `target="_self"`, text that
-tries to close its data block) and after a click on its link. A control from the user's own
-cell shows the server does see a load when nothing defends.
+A plotly figure, an Altair chart and a Bokeh plot made in a `%%sandbox` cell must render as
+charts a person can use (points drawn, a hover label on a point, a drag or a wheel that
+zooms), while the same isolation proof as for HTML holds in the same run: the page's title
+and cookies untouched, nothing written through the contents API, and no request reaching a
+loopback server that stands in for the internet, even from hostile charts that point their
+library at that server in every way it offers (layout images, topojson, the cloud server's
+URL, links with `target="_self"`, data and image URLs, a help tool's page, style sheets,
+text that tries to close its data block, code run on a click) and after clicks on their
+links. A control from the user's own cell shows the server does see a load when nothing
+defends.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 import pytest
 from browser_waits import wait_for
 from loopback_sink import loopback_sink
+
+from sandbox_kernel_ext.runner.trusted import charts
 
 SETUP = "%load_ext sandbox_kernel_ext\n%config SandboxMagics.policy = ''"
 CHART_CELL = """\
@@ -32,6 +36,15 @@ import altair as alt, pandas as pd
 points = pd.DataFrame({"a": [1, 2, 3], "b": [3, 1, 2]})
 alt.Chart(points, title="altair from a sandbox").mark_point(size=200).encode(
     x="a", y="b", tooltip=["a", "b"]).interactive()
+"""
+BOKEH_CELL = """\
+%%sandbox --quiet
+from bokeh.io import output_notebook, show
+from bokeh.plotting import figure
+output_notebook()
+p = figure(title="bokeh from a sandbox", tooltips=[("a", "@x")], active_scroll="wheel_zoom")
+p.scatter([1, 2, 3], [3, 1, 2], size=20)
+show(p)
 """
 MARK = "PW" + "NED"  # put together at run time, so the cells' source never shows it
 # The page's own state: what a script that escaped into the page would change.
@@ -99,6 +112,27 @@ def hostile_vega_cell(sink: str) -> str:
     return ("%%sandbox --quiet\nfrom IPython.display import display\n"
             f"for spec in ({spec!r}, {reach!r}):\n"
             "    display({'application/vnd.vegalite.v6.json': spec, 'text/plain': 'v'}, "
+            "raw=True)\n")
+
+
+def hostile_bokeh_cell(sink: str) -> str:
+    """Bokeh plots sent as raw items (what a hostile child can send): one of drawing models
+    whose help tool, style sheets and title point at the sink or try to end the data block
+    (drawn: the frame holds them), and one with code run on a click (shown as text)."""
+    script = "</script><script>top.postMessage({pwned: 'PW'+'NED-bokeh'}, '*')</script>"
+    sheet = (f"@import url('{sink}/bokeh-import'); "
+             f":host {{ background-image: url('{sink}/bokeh-background'); }}")
+    return ("%%sandbox --quiet\nfrom IPython.display import display\n"
+            "from bokeh.embed import json_item\n"
+            "from bokeh.models import CustomJS, HelpTool\n"
+            "from bokeh.plotting import figure\n"
+            f"p = figure(title={script!r}, tools=[HelpTool(redirect={sink + '/bokeh-help'!r})], "
+            f"stylesheets=[{sheet!r}])\n"
+            "p.scatter([1, 2], [1, 2])\n"
+            "q = figure()\nq.scatter([1], [1])\n"
+            "q.js_on_event('tap', CustomJS(code=\"top.postMessage({pwned: 1}, '*')\"))\n"
+            "for plot in (p, q):\n"
+            f"    display({{{charts.BOKEH_ITEM_MIME!r}: json_item(plot), 'text/plain': 'b'}}, "
             "raw=True)\n")
 
 
@@ -172,16 +206,44 @@ def assert_altair_is_interactive(notebook: Any, index: int) -> None:
     wait_for("the wheel to zoom the axis", lambda: ticks.text_content() != before)
 
 
+BOKEH_POINT = """chart => { const view = Object.values(Bokeh.index)[0];
+  const canvas = view.canvas_view.el.getBoundingClientRect();
+  const box = chart.getBoundingClientRect();
+  return [canvas.left - box.left + view.frame.x_scale.compute(1),
+          canvas.top - box.top + view.frame.y_scale.compute(3)]; }"""
+BOKEH_X_RANGE = "c => { const r = Bokeh.documents[0].roots()[0].x_range; return [r.start, r.end]; }"
+
+
+def assert_bokeh_is_interactive(notebook: Any, index: int) -> None:
+    """Its plot drawn with its title, a tooltip on the point at (1, 3), and a wheel that
+    zooms (`active_scroll`)."""
+    inner = chart_frame(notebook, index).content_frame
+    chart = inner.locator("#chart")  # what the scripts below run on: the frame's own page
+    wait_for("the Bokeh plot drawn", lambda: chart.evaluate(
+        "c => typeof Bokeh === 'object' && Object.keys(Bokeh.index).length > 0"))
+    title = chart.evaluate("c => Bokeh.documents[0].roots()[0].title.text")
+    assert title == "bokeh from a sandbox"
+    box = chart.bounding_box()
+    x, y = chart.evaluate(BOKEH_POINT)
+    notebook.page.mouse.move(box["x"] + x, box["y"] + y)
+    value = inner.locator(".bk-tooltip-row-value")
+    wait_for("a tooltip on the point", lambda: value.count() > 0
+             and value.first.text_content().strip() == "1")
+    before = chart.evaluate(BOKEH_X_RANGE)
+    notebook.page.mouse.wheel(0, -400)
+    wait_for("the wheel to zoom the x range", lambda: chart.evaluate(BOKEH_X_RANGE) != before)
+
+
 def click_hostile_links(notebook: Any) -> None:
-    """A person's clicks on the hostile charts' links: plotly's title link and Vega's mark
+    """A person's clicks on the hostile charts' links: plotly's title link, Vega's mark
     with an `href` (without the frames' guards, each navigates its frame to the sink: tried
-    when written)."""
-    plotly = chart_frame(notebook, 3).content_frame
+    when written) and the help tool of the hostile Bokeh plot, which opens its page."""
+    plotly = chart_frame(notebook, 4).content_frame
     wait_for("the hostile figure drawn", lambda: plotly.locator(".main-svg").count() > 0)
     title_link = plotly.locator(".gtitle a")
     assert title_link.count() == 1, plotly.locator(".main-svg").first.inner_html()[:500]
     title_link.dispatch_event("click")
-    frames = notebook.cell(4).locator("iframe.sandbox-output")
+    frames = notebook.cell(5).locator("iframe.sandbox-output")
     assert frames.count() == 2
     reach = frames.nth(1).content_frame
     wait_for("the reaching expression refused", lambda: "could not be drawn" in (
@@ -192,10 +254,15 @@ def click_hostile_links(notebook: Any) -> None:
     assert vega.locator("body").evaluate("b => ({}).polluted") is None  # never merged
     box = vega.locator("g.mark-symbol path").last.bounding_box()
     notebook.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    bokeh = chart_frame(notebook, 6).content_frame  # one frame: the CustomJS plot is text
+    assert "the model CustomJS" in notebook.output(6).inner_text()
+    help_tool = bokeh.locator(".bk-tool-icon-help")
+    wait_for("the hostile Bokeh plot drawn", lambda: help_tool.count() == 1)
+    help_tool.click()
 
 
 @pytest.mark.parametrize("frontend", ["lab", "notebook"])
-def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
+def test_plotly_altair_and_bokeh_charts_from_a_sandbox_are_interactive_and_isolated(
         frontend: str, open_notebook: Any, lab_server: Any, browser_context: Any,
         sink: Any) -> None:
     start = len(sink.seen)
@@ -206,8 +273,9 @@ def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
         requests.append(request.url)
 
     browser_context.on("requestfinished", record)
-    sources = [SETUP, CHART_CELL, ALTAIR_CELL, hostile_cell(sink.base),
-               hostile_vega_cell(sink.base), control_cell(sink.base)]
+    sources = [SETUP, CHART_CELL, ALTAIR_CELL, BOKEH_CELL, hostile_cell(sink.base),
+               hostile_vega_cell(sink.base), hostile_bokeh_cell(sink.base),
+               control_cell(sink.base)]
     notebook = open_notebook(f"charts-{frontend}.ipynb", sources, frontend)
     page = notebook.page
     try:
@@ -215,8 +283,9 @@ def test_plotly_and_altair_charts_from_a_sandbox_are_interactive_and_isolated(
         cookies = {c["name"]: c["value"] for c in page.context.cookies(lab_server.url)}
         assert_plotly_is_interactive(notebook, 1)
         assert_altair_is_interactive(notebook, 2)
+        assert_bokeh_is_interactive(notebook, 3)
         click_hostile_links(notebook)
-        control = notebook.cell(5)
+        control = notebook.cell(7)
         control.scroll_into_view_if_needed()
         wait_for("the control's load at the sink",
                  lambda: "/control-image" in sink.seen[start:])
