@@ -1,9 +1,9 @@
 """Long jobs of one test module started together, each awaited by the test that checks it.
 
 A container's security suite mostly waits (for children, timeouts), so on two cores three
-side by side take less than half the time of three in a row. Each job must be independent
-of the others: its own folders, namespaces, uids. (The kernels of other ipykernel versions
-are not run so: side by side, one of 6.29's approval notes once went missing.)
+side by side take less than half the time of three in a row; so do the installs of the
+ipykernel versions' environments. Each job must be independent of the others: its own
+folders, namespaces, uids.
 """
 
 from __future__ import annotations

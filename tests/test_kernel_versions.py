@@ -12,15 +12,18 @@ matrix says the same.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from side_by_side import side_by_side
 
 REPO = Path(__file__).resolve().parents[1]
 # (ipykernel, IPython, how a click reaches a busy cell there, the tests run against it): the
@@ -40,16 +43,19 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 
 
 @pytest.fixture(scope="module")
-def environments() -> Iterator[Path]:
-    """A folder the sandboxes' unprivileged uid can read (the kernels' children run from
-    it), and the wheel in it."""
+def environments() -> Iterator[dict[str, Future[Path]]]:
+    """Every combination's environment, made side by side (installs only: the tests against
+    them run one at a time), in a folder the sandboxes' unprivileged uid can read (the
+    kernels' children run from it), with the wheel; their interpreters by ipykernel."""
     folder = Path(tempfile.mkdtemp(prefix="sbx-kernels-", dir="/tmp"))
     os.chmod(folder, 0o755)
     try:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                         "--no-build-isolation", "--wheel-dir", str(folder), str(REPO)],
                        check=True)
-        yield folder
+        with side_by_side({ipykernel: functools.partial(_environment, folder, ipykernel, ipython)
+                           for ipykernel, ipython, _, _ in MATRIX}) as made:
+            yield made
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -71,9 +77,9 @@ def _environment(folder: Path, ipykernel: str, ipython: int) -> Path:
 
 
 @pytest.mark.parametrize(("ipykernel", "ipython", "route", "tests"), MATRIX)
-def test_the_kernel_facing_tests_pass_on(environments: Path, ipykernel: str, ipython: int,
-                                         route: str, tests: list[str]) -> None:
-    python = _environment(environments, ipykernel, ipython)
+def test_the_kernel_facing_tests_pass_on(environments: dict[str, Future[Path]], ipykernel: str,
+                                         ipython: int, route: str, tests: list[str]) -> None:
+    python = environments[ipykernel].result()
     found = subprocess.run([str(python), "-c", "import ipykernel, IPython; "
                             "print(ipykernel.__version__, IPython.__version__)"],
                            capture_output=True, text=True, check=True).stdout.split()
