@@ -198,13 +198,20 @@ def vega_parts(spec: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
         # Vega-Embed merges these over ours (its loader, `ast`, actions; and through a
         # `constructor` key, into every object of the frame): the spec gets no say.
         spec = {**spec, "usermeta": {k: v for k, v in usermeta.items() if k != "embedOptions"}}
-    try:
-        block = _data_block(spec)
-    except (TypeError, ValueError, RecursionError):
+    markup = _chart_body("<div id=\"chart\"></div>", "spec", spec)
+    if markup is None:
         return "[sandbox] a Vega chart shows as text here: its spec is not plain JSON"
-    markup = ("<div id=\"chart\"></div>"
-              f"<script type=\"application/json\" id=\"spec\">{block}</script>")
     return markup, (library, VEGA_START_SCRIPT)
+
+
+def _chart_body(place: str, data_id: str, value: Any) -> str | None:
+    """The frame's body for a chart: the element it is drawn in, then its data block (None
+    for data that is not plain JSON)."""
+    try:
+        block = _data_block(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return f"{place}<script type=\"application/json\" id=\"{data_id}\">{block}</script>"
 
 
 def _data_block(value: Any) -> str:
@@ -228,13 +235,10 @@ def plotly_parts(figure: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
         config, dict) else {}
     kept.setdefault("responsive", True)
     kept["displaylogo"] = False
-    try:
-        block = _data_block({"data": figure.get("data", []), "layout": figure.get("layout", {}),
-                             "config": kept})
-    except (TypeError, ValueError, RecursionError):
+    markup = _chart_body("<div id=\"plot\" style=\"width:100%\"></div>", "figure", {
+        "data": figure.get("data", []), "layout": figure.get("layout", {}), "config": kept})
+    if markup is None:
         return "[sandbox] a plotly figure shows as text here: its data is not plain JSON"
-    markup = ("<div id=\"plot\" style=\"width:100%\"></div>"
-              f"<script type=\"application/json\" id=\"figure\">{block}</script>")
     return markup, (library, START_SCRIPT)
 
 
@@ -343,12 +347,10 @@ def bokeh_parts(item: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
     if made_by.split(".")[:2] != have.split(".")[:2]:
         return (f"[sandbox] a Bokeh plot shows as text here: it was made by Bokeh "
                 f"{line_text(made_by, 40)}, and the kernel's environment has Bokeh {have}")
-    try:
-        block = _data_block({"target_id": None, "root_id": item["root_id"], "doc": doc})
-    except (TypeError, ValueError, RecursionError):
+    markup = _chart_body("<div id=\"chart\"></div>", "item",
+                         {"target_id": None, "root_id": item["root_id"], "doc": doc})
+    if markup is None:
         return "[sandbox] a Bokeh plot shows as text here: its data is not plain JSON"
-    markup = ("<div id=\"chart\"></div>"
-              f"<script type=\"application/json\" id=\"item\">{block}</script>")
     return markup, (library, BOKEH_START_SCRIPT)
 
 
