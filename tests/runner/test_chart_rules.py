@@ -84,7 +84,9 @@ def test_options_that_reach_a_server_stay_out_and_the_frame_ignores_link_clicks(
     config = json.loads(scripts_of(document)[1][1])["config"]
     assert config == {"scrollZoom": True, "responsive": True, "displaylogo": False}
     # The frame's first script (the sizer) keeps every link from opening, clicked or not.
-    assert "closest('a,area'))e.preventDefault()" in scripts_of(document)[0][1]
+    # Its whole path: a link in a shadow root (Bokeh's) shows the document only its host.
+    assert ("var p=e.composedPath();" in scripts_of(document)[0][1]
+            and "if(n==='a'||n==='area'){e.preventDefault();" in scripts_of(document)[0][1])
 
 
 @pytest.mark.parametrize("figure", [[1, 2], "x", {"data": "x"}, {"layout": []},
@@ -279,6 +281,8 @@ def _with_tooltip(tooltips: object) -> object:
      "the model Div"),
     (lambda: _with_tooltip("<img src='http://x/i'>@x"), "a tooltip written as HTML"),
     (lambda: _with_tooltip([("x", "@x{safe}")]), "a tooltip field shown as HTML ({safe})"),
+    (lambda: _with_tooltip([("x", "<style>:host{inset:0}</style><a href='http://x/'>go</a>")]),
+     "a tooltip written as HTML"),
     (_with_image_url, "the model ImageURL"),
 ])
 def test_a_bokeh_plot_with_code_links_or_html_shows_as_text_saying_what(make: object,
@@ -287,6 +291,37 @@ def test_a_bokeh_plot_with_code_links_or_html_shows_as_text_saying_what(make: ob
     assert set(out) == {"text/plain"}, out.keys()
     assert out["text/plain"].startswith("p\n[sandbox] a Bokeh plot shows as text here: it has ")
     assert says in out["text/plain"]
+
+
+def _hover_tool(item: dict) -> dict:
+    pending = [item]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            if value.get("name") == "HoverTool":
+                return value
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    raise AssertionError("no HoverTool")
+
+
+@pytest.mark.parametrize("wrap", ["map", "array", "id"])
+def test_wrapped_attributes_or_tooltips_hide_nothing(wrap: str) -> None:
+    """BokehJS decodes a model's attributes and values in any JSON form it knows: a map or
+    an array around them is read like the plain form, and is checked like it."""
+    item = copy.deepcopy(_LINES)
+    hover = _hover_tool(item)
+    html_tooltip = "<a href='http://x/' target='_self'>go</a> @x{safe}"
+    if wrap == "map":
+        hover["attributes"] = {"type": "map", "entries": [["tooltips", html_tooltip]]}
+    elif wrap == "array":
+        hover["attributes"]["tooltips"] = {"type": "array", "entries": [["x", html_tooltip]]}
+    else:
+        hover["attributes"] = {"id": hover["id"]}
+    refused = charts.bokeh_parts(item)
+    assert isinstance(refused, str) and refused.startswith(
+        "[sandbox] a Bokeh plot shows as text here: it has "), refused
 
 
 def _places(value: object, path: tuple = ()) -> list[tuple]:

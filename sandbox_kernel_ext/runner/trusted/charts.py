@@ -273,8 +273,6 @@ _BOKEH_MODELS = frozenset("""
     ResetTool SaveTool UndoTool RedoTool HelpTool HoverTool CrosshairTool TapTool
     BoxSelectTool LassoSelectTool PolySelectTool RangeTool
 """.split())
-# HTML that a tooltip would render: a string tooltip is a template set as HTML, and a
-# `{safe}` field inserts its value as HTML.
 _HTML_SIGNS = ("<", ">", "&")
 
 
@@ -288,12 +286,18 @@ def _refused_bokeh_part(node: dict[str, Any]) -> str | None:
     name = node.get("name")
     if not isinstance(name, str) or name not in _BOKEH_MODELS:
         return f"the model {line_text(str(name), 80)}, which is not drawn from a sandbox"
-    attributes = node.get("attributes")
-    if name == "HoverTool" and isinstance(attributes, dict):
-        tooltips = attributes.get("tooltips")
-        if isinstance(tooltips, str) and any(sign in tooltips for sign in _HTML_SIGNS):
+    attributes = node.get("attributes", {})
+    if not isinstance(attributes, dict) or "type" in attributes or "id" in attributes:
+        # BokehJS would decode a typed value or a reference there (a map is read as the
+        # attributes), hiding them from the checks below.
+        return f"the model {name} with attributes in a form of their own"
+    if name == "HoverTool":
+        # A tooltip is rendered as HTML (a string template, and each value of the list
+        # form), and a `{safe}` field inserts its value as HTML.
+        texts = _strings(attributes.get("tooltips"))
+        if any(sign in text for text in texts for sign in _HTML_SIGNS):
             return "a tooltip written as HTML"
-        if any("{safe}" in text for text in _strings(tooltips)):
+        if any("{safe}" in text for text in texts):
             return "a tooltip field shown as HTML ({safe})"
     return None
 

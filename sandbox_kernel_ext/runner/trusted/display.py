@@ -90,9 +90,12 @@ _SIZER = ("new ResizeObserver(function(){var d=document.documentElement;parent.p
           "{sandboxFrameHeight:Math.ceil(d.getBoundingClientRect().height)+innerHeight-"
           "d.clientHeight},'*')}).observe(document.documentElement);"
           # No link opens anything, a plain click or not: the frame may open no popup, but a
-          # Ctrl-, Shift- or middle-click opened a tab at the link (data in its URL).
+          # Ctrl-, Shift- or middle-click opened a tab at the link (data in its URL). The
+          # event's whole path, not its target: a link inside a shadow root (Bokeh draws in
+          # them; its logo links out) shows the document only its host.
           "['click','auxclick'].forEach(function(t){document.addEventListener(t,function(e){"
-          "var a=e.target;if(a&&a.closest&&a.closest('a,area'))e.preventDefault();},true);});")
+          "var p=e.composedPath();for(var i=0;i<p.length;i++){var n=p[i].localName;"
+          "if(n==='a'||n==='area'){e.preventDefault();return;}}},true);});")
 _SIZER_SCRIPT = trusted_script(_SIZER)
 
 
