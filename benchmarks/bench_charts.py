@@ -1,7 +1,8 @@
 """What drawing a sandbox's chart costs the kernel, against showing a table of the same data.
 
-In one process, interleaved: the trusted side making safe (`safe_bundle`) a plotly figure and
-an Altair (Vega-Lite) chart of N points, against a DataFrame's HTML of the same N rows (the
+In one process, interleaved: the trusted side making safe (`safe_bundle`) a plotly figure, an
+Altair (Vega-Lite) chart and a Bokeh plot (its JSON item, checked model by model) of N
+points, against a DataFrame's HTML of the same N rows (the
 baseline: an isolated frame of about the same data, without a library). Also times the
 first Vega-Lite chart of a process (vl-convert-python builds the library once) and reports
 the size of each frame as it reaches the page and the saved notebook.
@@ -26,8 +27,11 @@ except ImportError:  # run from a checkout without the package installed
 import altair as alt
 import pandas as pd
 import plotly.express as px
+from bokeh.embed import json_item
+from bokeh.plotting import figure as bokeh_figure
 
 from _common import fmt_ns
+from sandbox_kernel_ext.runner.trusted.charts import BOKEH_ITEM_MIME
 from sandbox_kernel_ext.runner.trusted.display import safe_bundle
 
 
@@ -37,11 +41,14 @@ def bundles(points: int) -> dict[str, dict]:
     figure = px.scatter(frame, x="x", y="y")
     with alt.renderers.enable("mimetype"):
         vega, _ = alt.Chart(frame).mark_point().encode(x="x", y="y")._repr_mimebundle_()
+    plot = bokeh_figure(tooltips=[("x", "@x"), ("y", "@y")])
+    plot.scatter("x", "y", source=frame)
     made = {
         "DataFrame HTML": {"text/html": frame.to_html(), "text/plain": "df"},
         "plotly figure": {"application/vnd.plotly.v1+json": json.loads(figure.to_json()),
                           "text/plain": "Figure"},
         "Altair chart": {**vega, "text/plain": "alt.Chart(...)"},
+        "Bokeh plot": {BOKEH_ITEM_MIME: json_item(plot), "text/plain": "figure(...)"},
     }
     return json.loads(json.dumps(made))
 

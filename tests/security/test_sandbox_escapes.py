@@ -5,8 +5,10 @@ fork, namespaces, rlimits, Landlock, seccomp) and asserts three things:
 
 1. the attempt failed inside the child (its own report, exit code, stdout/stderr or kill reason);
 2. nothing outside the writable roots changed: the `World` fixture snapshots every file outside
-   the writable root (content, mode, owner) plus /dev/shm and the child uid's entries of /tmp,
-   and the autouse `unharmed` fixture compares after each test;
+   the writable root (content, mode, owner) plus the child uid's entries of /tmp and /dev/shm
+   (when that uid is also this process's, any process of the machine may add entries of it
+   at any time: then the names this module's attacks use, `sbx-escape-*`), and the autouse
+   `unharmed` fixture compares after each test;
 3. the test process (the "kernel") and the launcher are unharmed: both alive, the test process
    holds the same number of descriptors as before, and no process of the child's uid and ours
    survives.
@@ -145,7 +147,8 @@ class World:
         return {k: str(v) for k, v in self.__dict__.items()}
 
     def snapshot(self) -> dict[str, Any]:
-        """Every entry outside the writable root, plus /dev/shm and the child uid's entries of /tmp."""
+        """Every entry outside the writable root, plus the child uid's entries of /tmp and
+        /dev/shm (`_entries_of`)."""
         state: dict[str, Any] = {}
         for folder, dirs, files in os.walk(self.base):
             if Path(folder) == self.rw:
@@ -163,17 +166,25 @@ class World:
                     digest = os.readlink(path)
                 state[path] = (stat.S_IMODE(info.st_mode), stat.S_IFMT(info.st_mode),
                                info.st_uid, info.st_gid, info.st_size, digest)
-        state["/dev/shm"] = sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else None
-        state[f"/tmp:{self.uid}"] = sorted(_entries_of(self.uid, "/tmp"))
+        for shared in ("/tmp", "/dev/shm"):
+            state[f"{shared}:{self.uid}"] = sorted(_entries_of(self.uid, shared))
         return state
 
 
 def _entries_of(uid: int, folder: str) -> list[str]:
-    """Entries of `folder` owned by `uid`, except the managers' own sandbox homes."""
+    """Entries of `folder` owned by `uid`, except the managers' own sandbox homes. A uid this
+    process has too (root's, a non-root kernel's) is also every other such process's, which
+    add entries at any time (a browser, a kernel, another test run): then only the names
+    this module's attacks write (`sbx-escape-*`)."""
+    if not os.path.isdir(folder):
+        return []
+    shared = uid == os.geteuid()
     out = []
     for entry in os.scandir(folder):
         try:
-            if entry.stat(follow_symlinks=False).st_uid == uid and not entry.name.startswith("sandbox-"):
+            if (entry.stat(follow_symlinks=False).st_uid == uid
+                    and not entry.name.startswith("sandbox-")
+                    and (not shared or entry.name.startswith("sbx-escape"))):
                 out.append(entry.name)
         except OSError:
             pass
