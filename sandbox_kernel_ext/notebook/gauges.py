@@ -359,13 +359,26 @@ _RUNNING = {"text/plain": "Sandbox running…",
                          'padding:4px 0;font-weight:600" role="status">Sandbox running…</div>'}
 
 
-class _PublisherWithoutStreamFlush:
-    """The kernel's display publisher, except that it does not flush the output streams
-    first: each flush waits twice on the kernel's I/O thread, most of what the gauges cost
-    a quick cell."""
+class _SendFromTheIOThread:
+    """The display publisher's socket, whose message is handed to the kernel's I/O thread
+    through that thread's queue: a flush the thread is carrying out (its streams' text
+    taken, their flag already down, the text not yet queued) finishes first, so the text
+    goes ahead of the display."""
+
+    def __init__(self, socket: Any) -> None:
+        self._socket = socket
+
+    def send_multipart(self, *args: Any, **kwargs: Any) -> None:
+        self._socket.io_thread.schedule(lambda: self._socket.send_multipart(*args, **kwargs))
+
+
+class _PublisherWithoutWaiting:
+    """The kernel's display publisher, except that it does not wait on the I/O thread for
+    the streams' flush (twice per display: most of what the gauges cost a quick cell)."""
 
     def __init__(self, publisher: Any) -> None:
         self._publisher = publisher
+        self.pub_socket = _SendFromTheIOThread(publisher.pub_socket)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._publisher, name)
@@ -374,28 +387,35 @@ class _PublisherWithoutStreamFlush:
         pass
 
 
-def _streams_hold_text() -> bool:
-    """Whether text written to the kernel's streams may not have been sent yet (ipykernel's
-    streams mark it as a flush they have scheduled; any other stream counts as holding)."""
-    return any(getattr(stream, "_flush_pending", True) for stream in (sys.stdout, sys.stderr))
+def _streams_hold_text(io_thread: Any) -> bool:
+    """Whether text written to the kernel's streams may not be with their I/O thread yet
+    (ipykernel's streams raise a flag when they schedule a flush; any other stream, or one
+    of another thread, counts as holding)."""
+    from ipykernel.iostream import OutStream
+
+    return not all(isinstance(stream, OutStream) and stream.pub_thread is io_thread
+                   and getattr(stream, "_flush_pending", True) is False
+                   for stream in (sys.stdout, sys.stderr))
 
 
 def _publish(bundle: Mapping[str, Any], handle: DisplayHandle, *, update: bool) -> None:
     """Show `bundle` as `handle`'s display (raw), or update it in place. The kernel's
-    publisher flushes the streams first, so that a display comes after the text printed
-    before it; that wait is skipped where it can change nothing: for an update in place
-    (it has no position to keep) and when no text is held. Under `%%capture` or outside
-    ipykernel the display goes the ordinary way."""
+    publisher first waits for the streams' flush, so that a display comes after the text
+    printed before it; that wait is skipped where it can change nothing: for an update in
+    place (it has no position to keep) and when no text is held. Under `%%capture` or
+    outside ipykernel the display goes the ordinary way."""
     from ipykernel.zmqshell import ZMQDisplayPublisher
 
     publisher = getattr(get_ipython(), "display_pub", None)
-    if type(publisher) is not ZMQDisplayPublisher or (not update and _streams_hold_text()):
+    io_thread = getattr(getattr(publisher, "pub_socket", None), "io_thread", None)
+    if (type(publisher) is not ZMQDisplayPublisher or io_thread is None
+            or (not update and _streams_hold_text(io_thread))):
         if update:
             handle.update(bundle, raw=True)
         else:
             handle.display(bundle, raw=True)
         return
-    ZMQDisplayPublisher.publish(_PublisherWithoutStreamFlush(publisher), data=dict(bundle),
+    ZMQDisplayPublisher.publish(_PublisherWithoutWaiting(publisher), data=dict(bundle),
                                 metadata={}, transient={"display_id": handle.display_id},
                                 update=update)
 

@@ -383,6 +383,37 @@ def test_the_gauges_line_comes_after_the_text_printed_before_it(kernel: Any, bef
         ["during"] + (["before" if "print" in before else "b"] if before else [])), shown
 
 
+HELD_BY_THE_IO_THREAD = """
+import sys, threading, time
+from ipykernel.iostream import OutStream
+from sandbox_kernel_ext.notebook.gauges import CellGauges
+name = "_flush_buffers" if hasattr(OutStream, "_flush_buffers") else "_flush_buffer"
+original, inside = getattr(OutStream, name), threading.Event()
+def slow(self):  # the I/O thread has the text, its flag says nothing is held
+    inside.set()
+    time.sleep(0.5)
+    return original(self)
+setattr(OutStream, name, slow)
+try:
+    gauges = CellGauges(limits={limits!r}, show_after=3600)
+    print("before")
+    assert inside.wait(30)
+    gauges.show()
+finally:
+    setattr(OutStream, name, original)
+gauges.freeze({{"elapsed_seconds": 0.1}}, outcome="finished")
+"""
+
+
+def test_the_line_comes_after_text_the_io_thread_is_sending(kernel: Any) -> None:
+    """The moment a flush is under way on the I/O thread (its text taken, not yet sent):
+    the line still comes after that text (it once went ahead of it)."""
+    msg_id = kernel.run(HELD_BY_THE_IO_THREAD.format(limits=LIMITS))
+    assert kernel.error(msg_id) is None, kernel.error(msg_id)
+    shown = _visible(kernel, msg_id)
+    assert shown.index(("stream", "before")) < shown.index(("display_data", "Sandbox running…"))
+
+
 def test_captured_gauges_stay_in_the_capture(kernel: Any) -> None:
     msg_id = kernel.run("%%capture captured\n" + SHOW_AND_FREEZE.format(
         limits=LIMITS, before="", flush=False))

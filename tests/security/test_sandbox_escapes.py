@@ -662,6 +662,41 @@ out = [attempt(create), attempt(posix_shm), attempt(read_host)]
         os.unlink(planted)
 
 
+CREATE_EVERY_WAY = """
+import socket
+def ways(folder):
+    base = folder + '/' + name
+    def o_creat(): os.close(os.open(base + '-file', os.O_CREAT | os.O_WRONLY, 0o600))
+    def mkdir(): os.mkdir(base + '-dir')
+    def mkfifo(): os.mkfifo(base + '-fifo')
+    def bind():
+        with socket.socket(socket.AF_UNIX) as s: s.bind(base + '-sock')
+    def symlink(): os.symlink('/etc/hostname', base + '-symlink')
+    def hardlink(): os.link(w['rw'] + '/' + name + '-linked', base + '-hardlink')
+    def rename(): os.rename(w['rw'] + '/' + name + '-moved', base + '-moved')
+    def tmpfile():
+        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o600)
+        os.link(f'/proc/self/fd/{fd}', base + '-tmpfile', follow_symlinks=True)
+    return [attempt(f) for f in (o_creat, mkdir, mkfifo, bind, symlink, hardlink, rename, tmpfile)]
+for made in ('-linked', '-moved'):
+    with open(w['rw'] + '/' + name + made, 'w') as f: f.write('x')
+out = {folder: ways(folder) for folder in ('/tmp', '/dev/shm')}
+"""
+
+
+def test_nothing_a_child_makes_in_tmp_or_dev_shm_lands_in_the_hosts(env: Env) -> None:
+    """Every way to make a name (a file, a folder, a FIFO, a socket, links, a rename from
+    the writable root, an O_TMPFILE linked in) in /tmp and /dev/shm: the child's own are
+    private or refused, and the host's get nothing. (The catch-all of `unharmed` cannot
+    watch these folders for every name where the child's uid is also this process's.)"""
+    name = f"sbx-made-{uuid.uuid4().hex[:8]}"
+    out = _ok_run(env.py(CREATE_EVERY_WAY, inputs={"name": name}))
+    private_shm = isolation_report()["layers"]["private_dev_shm"]
+    for folder in ("/tmp", "/dev/shm") if private_shm else ("/tmp",):
+        landed = [n for n in os.listdir(folder) if n.startswith(name)]
+        assert landed == [], (folder, landed, out[folder])
+
+
 # == secrets ========================================================================================
 
 
