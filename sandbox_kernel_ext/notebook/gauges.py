@@ -402,7 +402,8 @@ def _publish(bundle: Mapping[str, Any], handle: DisplayHandle, *, update: bool) 
     """Show `bundle` as `handle`'s display (raw), or update it in place. The kernel's
     publisher first waits for the streams' flush, so that a display comes after the text
     printed before it; that wait is skipped where it can change nothing: for an update in
-    place (it has no position to keep) and when no text is held. Under `%%capture` or
+    place (it has no position to keep) and when no text is held (the display then reaches
+    the I/O thread through its queue, behind any flush under way). Under `%%capture` or
     outside ipykernel the display goes the ordinary way."""
     from ipykernel.zmqshell import ZMQDisplayPublisher
 

@@ -303,6 +303,7 @@ def _refused_bokeh_part(node: dict[str, Any]) -> str | None:
 
 
 def _strings(value: Any) -> list[str]:
+    """Every string in a JSON value, however deep (no recursion: a hostile depth is fine)."""
     found, pending = [], [value]
     while pending:
         value = pending.pop()
