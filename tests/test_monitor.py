@@ -169,6 +169,26 @@ def test_last_values_are_kept_when_the_root_is_gone() -> None:
         assert monitor.exceeded() is None
 
 
+def test_a_tree_that_has_only_exited_processes_gives_no_reading() -> None:
+    """An exited root not yet reaped (or one freeing its memory) reads 0 MB: the monitor
+    took that for the tree's last value when a poll came in that window (a loaded machine
+    widened it). Now such a tree gives no sample, so the last live values stand."""
+    import psutil
+
+    from sandbox_kernel_ext.runner.trusted.monitor import sample_tree
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        root = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60  # liveness only
+        while root.status() != psutil.STATUS_ZOMBIE:  # exited; not reaped until wait()
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        assert sample_tree(root) is None
+    finally:
+        proc.wait()
+
+
 def test_process_limit() -> None:
     code = (
         "import subprocess, sys, time\n"

@@ -424,8 +424,13 @@ def sample_tree(root: psutil.Process | None, cpu_clock: int = -1
     return (sample[0] if clock is None else max(sample[0], clock)), sample[1], sample[2]
 
 
+_PF_EXITING = 0x4  # /proc/PID/stat's flags: the process is tearing itself down
+
+
 def _sample_proc(root: psutil.Process, pids: list[int]) -> tuple[float, float, int] | None:
-    cpu_ticks = rss_pages = processes = 0
+    """The tree's sample from /proc; None when none of it lives any more (every process
+    exited, its memory being freed or gone): the last live values stand, not a zero."""
+    cpu_ticks = rss_pages = processes = live = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as stat_file:
@@ -438,7 +443,12 @@ def _sample_proc(root: psutil.Process, pids: list[int]) -> tuple[float, float, i
         if fields[0] == b"Z":
             continue  # exited but unreaped: still holds a process slot
         cpu_ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        if int(fields[6]) & _PF_EXITING:
+            continue  # its memory is on its way out: no reading of the tree's
+        live += 1
         rss_pages += int(fields[21])
+    if live == 0:
+        return None
     return cpu_ticks / _TICKS, rss_pages * _PAGE / _MIB, processes
 
 
@@ -488,7 +498,7 @@ def _sample_with_psutil(root: psutil.Process) -> tuple[float, float, int] | None
 
     cpu_seconds = 0.0
     rss = 0
-    processes = 0
+    processes = live = 0
     for proc in tree:
         try:
             with proc.oneshot():
@@ -505,8 +515,11 @@ def _sample_with_psutil(root: psutil.Process) -> tuple[float, float, int] | None
             processes += 1
             continue
         processes += 1
+        live += 1
         rss += rss_bytes
         cpu_seconds += times.user + times.system
         cpu_seconds += getattr(times, "children_user", 0.0)
         cpu_seconds += getattr(times, "children_system", 0.0)
+    if live == 0:  # every process exited: the last live values stand
+        return None
     return cpu_seconds, rss / _MIB, processes
