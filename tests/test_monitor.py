@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
 import pytest
 
 from sandbox_kernel_ext.policy.models import ResourceLimits
-from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor
+from sandbox_kernel_ext.runner.trusted.monitor import ResourceMonitor, sample_tree
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses POSIX process groups")
 
@@ -173,10 +174,6 @@ def test_a_tree_that_has_only_exited_processes_gives_no_reading() -> None:
     """An exited root not yet reaped (or one freeing its memory) reads 0 MB: the monitor
     took that for the tree's last value when a poll came in that window (a loaded machine
     widened it). Now such a tree gives no sample, so the last live values stand."""
-    import psutil
-
-    from sandbox_kernel_ext.runner.trusted.monitor import sample_tree
-
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         root = psutil.Process(proc.pid)

@@ -282,17 +282,21 @@ def _patch_bokeh(module: Any) -> None:
 
 
 # -- IPython's own functions, once user code imports them ---------------------------------------
-_PATCHED = {"IPython.core.display_functions": ("display", "update_display", "clear_output"),
-            "IPython.display": ("display", "update_display", "clear_output"),
-            "bokeh.io": ()}
+def _patch_ipython(module: Any) -> None:
+    """IPython's display functions replaced by ours, wherever user code reaches them."""
+    for name in ("display", "update_display", "clear_output"):
+        if hasattr(module, name):
+            setattr(module, name, globals()[name])
+
+
+# Each module whose names are replaced, and what replaces them once it has loaded.
+_PATCHED: dict[str, Callable[[Any], None]] = {
+    "IPython.core.display_functions": _patch_ipython, "IPython.display": _patch_ipython,
+    "bokeh.io": _patch_bokeh}
 
 
 def _patch(module: Any) -> None:
-    if module.__name__ == "bokeh.io":
-        _patch_bokeh(module)
-    for name in _PATCHED.get(module.__name__, ()):
-        if hasattr(module, name):
-            setattr(module, name, globals()[name])
+    _PATCHED[module.__name__](module)
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -136,11 +136,10 @@ def installed_package(name: str) -> Path | None:
     return None
 
 
-def _package_script(name: str, relative: str) -> TrustedScript | None:
-    """A script file of the kernel environment's package `name` (found without importing
-    it), read again only when the file changes; None without one, or with one that could
-    not sit inline in a page."""
-    package = installed_package(name)
+def _package_script(package: Path | None, relative: str) -> TrustedScript | None:
+    """A script file of an installed package's folder (`installed_package`), read again only
+    when the file changes; None without the package, or with a file that could not sit
+    inline in a page."""
     if package is None:
         return None
     path = package / relative
@@ -227,7 +226,7 @@ def plotly_parts(figure: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
     if not isinstance(figure, dict) or not isinstance(figure.get("data", []), list) or (
             not isinstance(figure.get("layout", {}), dict)):
         return "[sandbox] a plotly figure shows as text here: its data is not a figure"
-    library = _package_script("plotly", "package_data/plotly.min.js")
+    library = _package_script(installed_package("plotly"), "package_data/plotly.min.js")
     if library is None:
         return PLOTLY_MISSING_NOTE
     config = figure.get("config")
@@ -342,7 +341,7 @@ def bokeh_parts(item: Any) -> tuple[str, tuple[TrustedScript, ...]] | str:
             item.get("root_id"), str):
         return "[sandbox] a Bokeh plot shows as text here: its data is not a plot"
     package = installed_package("bokeh")
-    library = _package_script("bokeh", "server/static/js/bokeh.min.js")
+    library = _package_script(package, "server/static/js/bokeh.min.js")
     if package is None or library is None:
         return BOKEH_MISSING_NOTE
     refused = _bokeh_refusal(item)
