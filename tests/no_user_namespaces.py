@@ -18,16 +18,19 @@ def without_user_namespaces(*, drop_to_nobody: bool) -> str:
     return f'''
 import os, sys
 r, w = os.pipe()
+unshared_r, unshared_w = os.pipe()
 pid = os.fork()
 if pid == 0:
     import ctypes
-    os.close(w)
+    os.close(w); os.close(unshared_r)
     assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
+    os.write(unshared_w, b"x"); os.close(unshared_w)
     os.read(r, 1)
     open("/proc/sys/user/max_user_namespaces", "w").write("0")
 {drop}    os.execv(sys.argv[1], sys.argv[1:])
-os.close(r)
-import time; time.sleep(0.3)
+os.close(r); os.close(unshared_w)
+assert os.read(unshared_r, 1) == b"x"  # the child is in its namespace: map its ids
+os.close(unshared_r)
 open(f"/proc/{{pid}}/uid_map", "w").write("{maps}")
 {deny}open(f"/proc/{{pid}}/gid_map", "w").write("{maps}")
 os.write(w, b"x")
