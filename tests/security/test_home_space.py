@@ -46,16 +46,24 @@ with open(f"{home}/big", "wb") as out:
         out.write(b"x" * 1048576)
         out.flush()
 """,
+    # Out of descriptors (252 files, 126 MB, in about 140 ms) it holds what it has, as its
+    # name says: a run that ends on its own before the walk is not killed, and these files
+    # go with it (docs/guarantees.md); under load that raced the walk.
     "files held open without a name": """
 held = []
 for index in range(10**6):
-    fd = os.open(home, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    try:
+        fd = os.open(home, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        time.sleep(3600)
     held.append(fd)
     os.write(fd, b"x" * 524288)
 """,
 }
 PROLOGUE = """
-import errno, os
+import errno, os, time
 home = os.environ["HOME"]
 index = 0
 try:
