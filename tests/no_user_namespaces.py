@@ -23,13 +23,16 @@ pid = os.fork()
 if pid == 0:
     import ctypes
     os.close(w); os.close(unshared_r)
-    assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:
+        os._exit(70)
     os.write(unshared_w, b"x"); os.close(unshared_w)
-    os.read(r, 1)
+    if os.read(r, 1) != b"x":  # the parent died before mapping the ids
+        os._exit(70)
     open("/proc/sys/user/max_user_namespaces", "w").write("0")
 {drop}    os.execv(sys.argv[1], sys.argv[1:])
 os.close(r); os.close(unshared_w)
-assert os.read(unshared_r, 1) == b"x"  # the child is in its namespace: map its ids
+if os.read(unshared_r, 1) != b"x":  # else the child could not leave the host's namespace
+    sys.exit(f"unshare(CLONE_NEWUSER) failed: exit status {{os.waitpid(pid, 0)[1] >> 8}}")
 os.close(unshared_r)
 open(f"/proc/{{pid}}/uid_map", "w").write("{maps}")
 {deny}open(f"/proc/{{pid}}/gid_map", "w").write("{maps}")

@@ -24,6 +24,8 @@ def test_the_groups_run_every_test_once(tmp_path: Path) -> None:
     whole = [line for line in done.stdout.splitlines() if "::" in line]
     assert len(whole) > 1000, done.stdout[-3000:]
     grouped = [path for paths in run_groups.GROUPS.values() for path in paths]
+    assert len(grouped) == len(set(grouped)), "a path is named twice"
+    assert run_groups.REST not in run_groups.GROUPS
     for path in grouped:
         assert any(test.startswith(path.rstrip("/") + ("/" if "." not in path else "::"))
                    for test in whole), f"{path} holds no test"
@@ -32,7 +34,12 @@ def test_the_groups_run_every_test_once(tmp_path: Path) -> None:
                   and (other.startswith(path + "/") or path.startswith(other + "/"))]
         assert not inside, f"{path} and {inside} overlap"
     lines = run_groups.commands(tmp_path)
-    assert set(lines) == {*run_groups.GROUPS, run_groups.REST}
+    assert set(lines) == {*run_groups.GROUPS, run_groups.REST, run_groups.ALONE}
+    assert list(lines)[-1] == run_groups.ALONE and lines[run_groups.ALONE][5:8] == [
+        "tests", "-m", "alone"]
+    for name, line in lines.items():
+        assert name == run_groups.ALONE or line[-3:-1] == ["-m", "not alone"], line
     assert [a for a in lines[run_groups.REST] if a.startswith("--ignore=")] == [
         f"--ignore={path}" for path in grouped]
-    assert len({a for line in lines.values() for a in line if a.startswith("--basetemp=")}) == 3
+    assert len({a for line in lines.values() for a in line if a.startswith("--basetemp=")}) == len(
+        lines)

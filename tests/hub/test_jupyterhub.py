@@ -95,13 +95,26 @@ def _user_processes(uid: int) -> list[psutil.Process]:
     return found
 
 
+def _free_uid() -> int:
+    """A uid no account has and no process runs as, far above the ones `useradd` hands out
+    by default (1000 up), which other tests running beside this one give their pods."""
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    running = {p.info["uids"].real for p in psutil.process_iter(["uids"]) if p.info["uids"]}
+    uid = 20000 + secrets.randbelow(20000)
+    while uid in taken or uid in running:
+        uid += 1
+    return uid
+
+
 @pytest.fixture(scope="module")
 def users() -> Iterator[list[User]]:
     made: list[User] = []
     try:
         for letter in "ab":
             name = f"sbxhub{letter}{secrets.token_hex(3)}"
-            subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+            uid = str(_free_uid())
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--uid", uid,
+                            "--user-group", name], check=True)
             entry = pwd.getpwnam(name)
             home = Path(entry.pw_dir)
             os.chmod(home, 0o700)

@@ -30,6 +30,9 @@ from sandbox_kernel_ext.runner.child.bootstrap import SPARE_NAME
 from sandbox_kernel_ext.runner.trusted.isolation import NOBODY_UID as NOBODY, default_child_uid
 
 SPARE = SPARE_NAME.decode()
+# Whether a run takes the view prepared for it depends on the host staying as it was: another
+# sandbox made meanwhile (by anything else running) rightly makes a new one.
+pytestmark = pytest.mark.alone
 
 
 def _spares(manager: SandboxManager, count: int = 1, wait: float = 10.0) -> list[psutil.Process]:

@@ -95,7 +95,7 @@ def test_close_while_running_ends_child_and_launcher_at_once() -> None:
     orphaning the running child."""
     manager = SandboxManager()
     sid = manager.create_sandbox(CapabilityDeclaration())
-    marker = "424242"
+    marker = str(10**8 + int.from_bytes(os.urandom(4), "big") % 10**8)  # this test's own sleep
     worker = threading.Thread(target=lambda: manager.execute(sid, ["sleep", marker], timeout=120))
     worker.start()
     for _ in range(200):
