@@ -173,12 +173,21 @@ def test_a_run_sees_a_mount_made_after_its_spare() -> None:
 
 # ---------------------------------------------------------------- views prepared ahead
 def _prepared_spare(manager: SandboxManager) -> psutil.Process:
-    """The spare holding a prepared view (its Landlock ruleset is built already)."""
-    for spare in _spares(manager, count=2):
-        held = [os.readlink(f"/proc/{spare.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{spare.pid}/fd")]
-        if any("landlock-ruleset" in target for target in held):
-            return spare
-    pytest.fail("no spare was prepared for the sandbox's next run")
+    """The spare holding a prepared view (its Landlock ruleset is built already), waited for:
+    the launcher prepares it after a run returns, which on a loaded machine takes a while."""
+    deadline = time.monotonic() + 60  # liveness only
+    while True:
+        for spare in _spares(manager, count=2):
+            try:
+                held = [os.readlink(f"/proc/{spare.pid}/fd/{fd}")
+                        for fd in os.listdir(f"/proc/{spare.pid}/fd")]
+            except OSError:  # gone meanwhile: the next listing has what replaced it
+                continue
+            if any("landlock-ruleset" in target for target in held):
+                return spare
+        if time.monotonic() > deadline:
+            pytest.fail("no spare was prepared for the sandbox's next run")
+        time.sleep(0.01)
 
 
 def _ran_in(manager: SandboxManager, sid: str) -> int:
@@ -374,9 +383,17 @@ def test_a_host_process_of_the_childs_uid_cannot_take_a_waiting_spare(
 def test_a_stopped_spare_does_not_hold_up_the_run(manager: SandboxManager) -> None:
     sid = manager.create_sandbox(CapabilityDeclaration())
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0
-    spares = _spares(manager, count=2)
-    for spare in spares:  # as a process of the child's uid could, if the host had one
-        assert _as_uid(manager.child_uid, lambda: os.kill(spare.pid, signal.SIGSTOP)) == "None"
+    _prepared_spare(manager)  # the spares the run could take are made
+    spares: list[psutil.Process] = []
+    while len(spares) < 2:  # stop both, as a process of the child's uid could
+        for spare in _spares(manager, count=2):
+            if spare.pid in {s.pid for s in spares}:
+                continue
+            outcome = _as_uid(manager.child_uid, lambda: os.kill(spare.pid, signal.SIGSTOP))
+            if outcome == "None":
+                spares.append(spare)
+            else:  # gone since it was listed (replaced): the next listing has its successor
+                assert outcome.startswith("ProcessLookupError"), outcome
     box: list = []
     runner = threading.Thread(target=lambda: box.append(
         manager.execute(sid, ["/bin/echo", "hi"], timeout=30)))
