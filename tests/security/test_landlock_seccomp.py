@@ -556,13 +556,20 @@ results["connect"] = attempt(connect)
 
 
 # The child forks before confining: the fork parent plays the launcher (same uid, outside the
-# domain) and waits; the fork child goes on to confine itself and attack.
+# domain) and waits; the fork child goes on to confine itself and attack once the parent has
+# its uid (else the control's signal is refused by uid, not scoping: seen under load).
 LAUNCHER_PARENT = r'''
+dropped_r, dropped_w = os.pipe()
 sandboxed = os.fork()
 if sandboxed:
     drop_privileges()
+    os.write(dropped_w, b"x")
     _, status = os.waitpid(sandboxed, 0)
     os._exit(0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 1)
+os.close(dropped_w)
+if os.read(dropped_r, 1) != b"x":
+    os._exit(3)
+os.close(dropped_r)
 '''
 SIGNAL_ATTACK = r'''
 results["signal launcher"] = attempt(lambda: os.kill(os.getppid(), 0))
