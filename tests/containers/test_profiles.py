@@ -65,11 +65,13 @@ def suites() -> Iterator[dict[str, Future[subprocess.CompletedProcess]]]:
 
 
 def _tail(done: subprocess.CompletedProcess, lines: int = 60) -> str:
-    """The end of what the suite printed, after the names of what failed (which a long list
-    of skips at the end would otherwise push out of view)."""
+    """The end of what the suite printed, after the names of what failed and their
+    assertion lines (which a long list of skips at the end would otherwise push out of
+    view)."""
     printed = (done.stdout + done.stderr).splitlines()
     failed = [line for line in printed if line.startswith(("FAILED ", "ERROR "))]
-    return "\n".join([*failed, "...", *printed[-lines:]])
+    why = [line for line in printed if line.startswith("E ")][:80]
+    return "\n".join([*failed, *why, "...", *printed[-lines:]])
 
 
 @pytest.mark.parametrize("profile", PROFILES)
