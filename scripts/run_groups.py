@@ -34,17 +34,17 @@ GROUPS = {
 }
 REST = "everything else"
 ALONE = "tests that need a quiet host"  # marked `alone`: run last, by themselves
+PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]  # each command's start
 
 
 def commands(folder: Path) -> dict[str, list[str]]:
     """Each group's pytest command line, with a pytest folder of its own under `folder`;
     the last one (`ALONE`) runs after the others have ended."""
-    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
     grouped = [path for paths in GROUPS.values() for path in paths]
-    lines = {name: [*pytest, *paths, "-m", "not alone"] for name, paths in GROUPS.items()}
-    lines[REST] = [*pytest, "tests", *(f"--ignore={path}" for path in grouped),
+    lines = {name: [*PYTEST, *paths, "-m", "not alone"] for name, paths in GROUPS.items()}
+    lines[REST] = [*PYTEST, "tests", *(f"--ignore={path}" for path in grouped),
                    "-m", "not alone"]
-    lines[ALONE] = [*pytest, "tests", "-m", "alone"]
+    lines[ALONE] = [*PYTEST, "tests", "-m", "alone"]
     for number, line in enumerate(lines.values()):
         line.append(f"--basetemp={folder / f'group-{number}'}")
     return lines
@@ -91,7 +91,7 @@ def main() -> int:
             ended: queue.Queue = queue.Queue()
             for name in phase:
                 running[name] = _run(name, lines[name], folder / f"{name}.log", ended)
-                print(f"[groups] started: {name} ({' '.join(lines[name][5:-1])})", flush=True)
+                print(f"[groups] started: {name} ({' '.join(lines[name][len(PYTEST):-1])})", flush=True)
             for _ in phase:
                 name, seconds = ended.get()
                 code = running[name].returncode

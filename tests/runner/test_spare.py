@@ -385,7 +385,9 @@ def test_a_stopped_spare_does_not_hold_up_the_run(manager: SandboxManager) -> No
     assert manager.execute(sid, ["/bin/true"]).exit_code == 0
     _prepared_spare(manager)  # the spares the run could take are made
     spares: list[psutil.Process] = []
+    deadline = time.monotonic() + 60  # liveness only
     while len(spares) < 2:  # stop both, as a process of the child's uid could
+        assert time.monotonic() < deadline, f"only {len(spares)} spare(s) could be stopped"
         for spare in _spares(manager, count=2):
             if spare.pid in {s.pid for s in spares}:
                 continue
