@@ -103,19 +103,26 @@ def test_another_sandboxs_tasks_do_not_widen_a_sandboxs_room() -> None:
     once they ended it had it all (threads are bounded by RLIMIT_NPROC alone: the monitor
     counts processes); two sessions taking turns widened each other without end. A
     sandbox's tasks are never counted for another, so after the first session ends the
-    second still starts fewer threads than its `max_processes`."""
+    second starts about its own `max_processes` of threads, not theirs on top.
+
+    "About": the kernel's own threads (a cell's monitor, a session's idle watch) are counted
+    when the second session starts and may have ended by the time it forks, leaving their
+    room to it, as the guarantees say; on a loaded host one or two more than at an idle
+    moment. So the first holds far more threads than the kernel ever has of its own, and the
+    bound sits halfway between the two outcomes."""
+    room = 3 * MAX_PROCESSES
     policy = CapabilityDeclaration(resource_limits=ResourceLimits(
-        max_processes=MAX_PROCESSES, max_memory_mb=1024))
+        max_processes=room, max_memory_mb=1024))
     with SandboxManager() as manager:
         first, second = manager.create_sandbox(policy), manager.create_sandbox(policy)
         holding = manager.start_session(first)
-        held = holding.run_cell(THREADS.format(count=MAX_PROCESSES - 4))
-        assert int(held.stdout) >= MAX_PROCESSES // 2, held  # the attack ran
+        held = int(holding.run_cell(THREADS.format(count=room - 4)).stdout)
+        assert held >= room // 2, held  # the attack ran
         widened = manager.start_session(second)  # counted while the first holds its threads
         try:
             holding.close()
             manager.destroy(first)
-            started = widened.run_cell(THREADS.format(count=5 * MAX_PROCESSES))
+            started = widened.run_cell(THREADS.format(count=5 * room))
         finally:
             widened.close()
-    assert 0 < int(started.stdout) < MAX_PROCESSES, started
+    assert 0 < int(started.stdout) < room + held // 2, (held, started)
