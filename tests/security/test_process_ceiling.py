@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, ResourceLimits, SandboxManager
 from sandbox_kernel_ext.runner.trusted.isolation import _linux_at_least, private_mounts
-from sandbox_kernel_ext.runner.trusted.plan import pid_ceiling
+from sandbox_kernel_ext.runner.trusted.plan import PROXY_PORT, pid_ceiling
 
 MAX_PROCESSES = 20
 # Children that cost almost nothing (sleep, not a forked interpreter), so that the memory
@@ -105,19 +106,20 @@ def test_another_sandboxs_tasks_do_not_widen_a_sandboxs_room() -> None:
     sandbox's tasks are never counted for another, so after the first session ends the
     second starts about its own `max_processes` of threads, not theirs on top.
 
-    "About": the kernel's own threads (a cell's monitor, a session's idle watch) are counted
-    when the second session starts and may have ended by the time it forks, leaving their
-    room to it, as the guarantees say; on a loaded host one or two more than at an idle
-    moment. So the first holds far more threads than the kernel ever has of its own, and the
-    bound sits halfway between the two outcomes."""
+    "About": the kernel's own threads that come and go (a cell's monitor, a disk-quota walk)
+    are counted when the second session starts and may have ended by the time it forks,
+    leaving their room to it, as the guarantees say; on a loaded host one or two. So the
+    first holds far more threads than those, and the bound sits halfway between the two
+    outcomes."""
     room = 3 * MAX_PROCESSES
     policy = CapabilityDeclaration(resource_limits=ResourceLimits(
         max_processes=room, max_memory_mb=1024))
     with SandboxManager() as manager:
         first, second = manager.create_sandbox(policy), manager.create_sandbox(policy)
         holding = manager.start_session(first)
-        held = int(holding.run_cell(THREADS.format(count=room - 4)).stdout)
-        assert held >= room // 2, held  # the attack ran
+        holds = holding.run_cell(THREADS.format(count=room - 4))
+        held = int(holds.stdout or 0)
+        assert held >= room // 2, holds  # the attack ran
         widened = manager.start_session(second)  # counted while the first holds its threads
         try:
             holding.close()
@@ -126,3 +128,48 @@ def test_another_sandboxs_tasks_do_not_widen_a_sandboxs_room() -> None:
         finally:
             widened.close()
     assert 0 < int(started.stdout) < room + held // 2, (held, started)
+
+
+# Connections to the sandbox's egress proxy that never send a request: each holds one of the
+# proxy's worker threads in the kernel until its head times out or the session ends.
+SILENT_CONNECTIONS = """
+import socket
+held = [socket.create_connection(("127.0.0.1", {port}), timeout=10) for _ in range({count})]
+print(len(held))
+"""
+
+
+def test_another_sandboxs_proxy_connections_do_not_widen_a_sandboxs_room() -> None:
+    """Found in review: the egress proxy serves each connection on a thread of the kernel,
+    a task of the kernel's uid that carries the kernel's filters, so it was counted as
+    outside every sandbox. A sandbox that held 40 silent connections while another session
+    started gave that session their 40 on top of its own room once it dropped them."""
+    connections = 2 * MAX_PROCESSES
+    egress = CapabilityDeclaration(
+        network_egress_rules=[{"domain": "example.test", "ports": [443]}],
+        resource_limits=ResourceLimits(max_processes=MAX_PROCESSES))
+    policy = CapabilityDeclaration(resource_limits=ResourceLimits(
+        max_processes=MAX_PROCESSES, max_memory_mb=1024))
+    with SandboxManager() as manager:
+        connecting, second = manager.create_sandbox(egress), manager.create_sandbox(policy)
+        holding = manager.start_session(connecting)
+        before = _own_threads()
+        opened = holding.run_cell(SILENT_CONNECTIONS.format(port=PROXY_PORT, count=connections))
+        assert opened.stdout.strip() == str(connections), opened  # the attack ran
+        deadline = time.monotonic() + 60  # liveness: the proxy accepts them on its own thread
+        while _own_threads() - before < connections - 4:
+            assert time.monotonic() < deadline, "the proxy never served the connections"
+            time.sleep(0.05)
+        widened = manager.start_session(second)  # counted while the proxy serves them
+        try:
+            holding.close()  # its connections are dropped, their threads end
+            manager.destroy(connecting)
+            started = widened.run_cell(THREADS.format(count=5 * MAX_PROCESSES))
+        finally:
+            widened.close()
+    assert 0 < int(started.stdout) < MAX_PROCESSES + connections // 2, started
+
+
+def _own_threads() -> int:
+    """Threads of this process (the kernel's side, where the proxy serves)."""
+    return len(os.listdir("/proc/self/task"))

@@ -211,6 +211,13 @@ class EgressProxy:
         with self._lock:
             return dict(self._counts)
 
+    @property
+    def threads(self) -> int:
+        """Threads serving this proxy now: one per listener and one per connection, which
+        the sandbox opens (`runner/linux/tasks.py` on why that number matters)."""
+        with self._lock:
+            return len(self._acceptors) + len(self._workers)
+
     def serve(self, listener: socket.socket) -> None:
         """Accept connections on `listener` (a listening TCP socket) from a background
         thread. The proxy owns it from now on: `stop_serving` or `close()` closes it, and
