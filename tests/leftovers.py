@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from sandbox_kernel_ext.runner.child.bootstrap import SPARE_NAME
+from sandbox_kernel_ext.runner.linux.tasks import SPARE_NAME
 
 
 def is_spare(proc: psutil.Process) -> bool:

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from sandbox_kernel_ext import CapabilityDeclaration, FilesystemConfig, SandboxManager
-from sandbox_kernel_ext.runner.child.bootstrap import SPARE_NAME
+from sandbox_kernel_ext.runner.linux.tasks import SPARE_NAME
 from sandbox_kernel_ext.runner.trusted.isolation import NOBODY_UID as NOBODY, default_child_uid
 
 SPARE = SPARE_NAME.decode()

@@ -59,9 +59,10 @@ from ..linux.namespaces import (
     unshare,
 )
 from ..linux.syscalls import prctl, process_name, set_process_name
+from ..linux.tasks import SPARE_NAME
 from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, receive_message
 
-__all__ = ["run_setup_fork", "report", "SPARE_NAME", "TAKEN"]
+__all__ = ["run_setup_fork", "report", "TAKEN"]
 
 # Made by a spare's setup fork, ahead of its run. The mount namespace is not among them: the
 # run's child makes it (`_run_when_asked`), so that it copies the host's mounts of that moment.
@@ -295,9 +296,6 @@ def read_plan(fd: int) -> bytes:
 
 
 _fds_installed = False  # in the confined child: whether STATUS_FD is the status pipe yet
-# What a spare calls itself in `ps` (and /proc/PID/comm) until its run arrives: a process made
-# ahead, not a run. Its run takes back the launcher's name.
-SPARE_NAME = b"sandbox-spare"
 TAKEN = "taken"  # the first line of a run's status: its spare has its descriptors
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 from ...policy.egress import EgressDecision, EgressFilter, MalformedTargetError, parse_authority
 from ...policy.models import NetworkEgressRule
+from ..linux.syscalls import set_process_name
+from ..linux.tasks import PROXY_THREAD_NAME
 
 __all__ = ["EgressProxy", "address_refusal"]
 
@@ -211,13 +213,6 @@ class EgressProxy:
         with self._lock:
             return dict(self._counts)
 
-    @property
-    def threads(self) -> int:
-        """Threads serving this proxy now: one per listener and one per connection, which
-        the sandbox opens (`runner/linux/tasks.py` on why that number matters)."""
-        with self._lock:
-            return len(self._acceptors) + len(self._workers)
-
     def serve(self, listener: socket.socket) -> None:
         """Accept connections on `listener` (a listening TCP socket) from a background
         thread. The proxy owns it from now on: `stop_serving` or `close()` closes it, and
@@ -310,6 +305,7 @@ class EgressProxy:
     # ------------------------------------------------------------------ accepting
     def _accept_loop(self, listener: socket.socket) -> None:
         assert self._wake is not None
+        _name_this_thread()  # first: the connections' threads are born with its name
         poller = select.poll()
         poller.register(listener, select.POLLIN)
         poller.register(self._wake[0], select.POLLIN)
@@ -367,6 +363,7 @@ class EgressProxy:
 
     # ------------------------------------------------------------------ one connection
     def _serve_client(self, client: socket.socket) -> None:
+        _name_this_thread()
         upstream: socket.socket | None = None
         request = _Request()
         try:
@@ -704,6 +701,15 @@ class _Direction:
                     pass
                 return True
             self.start, self.stop, moved = 0, count, True
+
+
+def _name_this_thread() -> None:
+    """Name the calling thread as the proxy's, so the count of the uid's tasks outside every
+    sandbox leaves it out (`runner/linux/tasks.py`); where it cannot be named, it is counted."""
+    try:
+        set_process_name(PROXY_THREAD_NAME)
+    except (OSError, AttributeError):  # no prctl (not Linux)
+        pass
 
 
 def _shutdown(sock: socket.socket) -> None:

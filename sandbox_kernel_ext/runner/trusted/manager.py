@@ -631,16 +631,10 @@ class SandboxManager:
     def _shared_tasks(self) -> int:
         """Tasks Linux counts with a child's own against its process budget: with the
         kernel's uid and no user namespace (Docker's profile), that uid's tasks outside
-        every sandbox, less the egress proxies' threads: a sandbox opens those at will (one
-        per connection), and counted here they would become another's room once it closed
-        them. Read after the scan: a thread started in between is taken off uncounted (a
-        narrower room); one that ended in between stays counted, as any task that ends."""
+        every sandbox."""
         if self.child_uid is not None or user_namespaces():
             return 0
-        tasks = unsandboxed_tasks(os.getuid())
-        with self._lock:
-            proxies = [s.proxy for s in self._sandboxes.values() if s.proxy is not None]
-        return max(0, tasks - sum(proxy.threads for proxy in proxies))
+        return unsandboxed_tasks(os.getuid())
 
     def _disk_headroom(self, sandbox: _Sandbox) -> int | None:
         """Bytes the sandbox may still add to its folders (None: no quota); a sandbox already
