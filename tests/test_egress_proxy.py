@@ -750,7 +750,7 @@ def open_fds() -> dict[str, str]:
 
 
 def proxy_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("egress-")}
+    return {t for t in threading.enumerate() if t.name.startswith("sandbox-egress-")}
 
 
 def test_close_leaves_no_thread_and_no_fd(echo_upstream: EchoServer) -> None:
@@ -810,11 +810,11 @@ def test_stop_serving_closes_one_listener_and_drops_only_its_connections(
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", p.port), timeout=WAIT).close()
         assert tunnel.recv(1024) == b""  # its run is over: dropped, upstream side too
-        assert [t for t in threading.enumerate() if t.name == "egress-conn"] != []
+        assert [t for t in threading.enumerate() if t.name == "sandbox-egress-conn"] != []
         kept.sendall(b"still here")
         assert kept.recv(1024) == b"still here"
     p.proxy.stop_serving(other)
-    assert [t for t in threading.enumerate() if t.name == "egress-conn"] == []
+    assert [t for t in threading.enumerate() if t.name == "sandbox-egress-conn"] == []
 
 
 @pytest.mark.parametrize(

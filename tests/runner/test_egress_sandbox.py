@@ -240,7 +240,7 @@ for _ in range(3):
         assert out["replies"] == ["HTTP/1.1 200 Connection established"] * 3
         proxy = manager._get(sid).proxy
         assert proxy is not None
-        assert not [t for t in threading.enumerate() if t.name == "egress-conn"]
+        assert not [t for t in threading.enumerate() if t.name == "sandbox-egress-conn"]
         again = _run(manager, sid, FETCH + f'out = {{"r": fetch("http://allowed.test:{web}/")}}')
         assert again["r"][0] == 200
     finally:

@@ -169,6 +169,7 @@ def test_another_sandboxs_proxy_connections_do_not_widen_a_sandboxs_room(manager
     with SandboxManager() as manager, SandboxManager() as other:
         starting = manager if managers == "one manager" else other
         connecting, second = manager.create_sandbox(egress), starting.create_sandbox(policy)
+        starting.run_python(second, "pass")  # its launcher started: the steps below are quick
         holding = manager.start_session(connecting)
         before = _own_threads()
         opened = holding.run_cell(SILENT_CONNECTIONS.format(port=PROXY_PORT, count=connections))

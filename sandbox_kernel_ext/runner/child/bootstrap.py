@@ -58,8 +58,7 @@ from ..linux.namespaces import (
     set_mount_readonly_at,
     unshare,
 )
-from ..linux.syscalls import prctl, process_name, set_process_name
-from ..linux.tasks import SPARE_NAME
+from ..linux.syscalls import prctl, set_process_name
 from ..wire import CONTROL_FD, PAYLOAD_FD, STATUS_FD, ChildPlan, receive_message
 
 __all__ = ["run_setup_fork", "report", "TAKEN"]
@@ -199,15 +198,15 @@ def outermost(paths: list[str], covering: set[str]) -> list[str]:
     return kept
 
 
-def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | None,
-                   seen_uid: int | None = None) -> None:
+def run_setup_fork(handoff: int, status_w: int, *, name: bytes, use_userns: bool,
+                   uid: int | None, seen_uid: int | None = None) -> None:
     """The setup fork of a spare: it drops root (to `uid`, when the launcher is root and has
     user namespaces), enters new user, PID, network, IPC and UTS namespaces (in which it is
     `seen_uid`, else itself) and forks the child that is PID 1 there and waits for its run
     on `handoff`. That child's pid (or the error) goes to the launcher on `status_w`. Nothing
-    here depends on a plan, so it all happens before the run is asked for."""
-    name = process_name()
-    set_process_name(SPARE_NAME)  # first: a spare is never a nameless process of the child's uid
+    here depends on a plan, so it all happens before the run is asked for. It is already
+    called `SPARE_NAME` (the launcher names it as it forks); `name` is the launcher's, which
+    the run takes back once confined."""
     signal.set_wakeup_fd(-1)  # the launcher's wake-up pipe is not ours to write
     close_other_fds({handoff, status_w})  # the launcher's socket above all: its end of file
     namespaced = use_userns or os.geteuid() == 0
@@ -234,9 +233,9 @@ def run_setup_fork(handoff: int, status_w: int, *, use_userns: bool, uid: int | 
 
 def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
                     drop_root: bool, uid: int | None) -> None:
-    """The spare: wait for a run's descriptors (from the launcher, by name), then take back
-    the launcher's process `name`, read the plan, take a mount namespace of its own (a copy
-    of the host's mounts as they are now) and confine itself. Errors go to the run's status
+    """The spare: wait for a run's descriptors (from the launcher, by name), then read the
+    plan, take a mount namespace of its own (a copy of the host's mounts as they are now),
+    confine itself and take back the launcher's process `name`. Errors go to the run's status
     pipe; the launcher gone, it just ends.
 
     A spare may first be asked to prepare a sandbox's view ("prepare": the plan of that
@@ -270,7 +269,6 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
     if prepared is not None and (prepared[0].view() != plan.view()
                                  or not covers_hold(plan.hidden_paths, prepared[1][1])):
         return  # prepared for another view, or the host has changed it: not this run's
-    set_process_name(name)
     report(status_w, TAKEN)
     os.close(fds.pop("plan"))
     try:
@@ -279,7 +277,7 @@ def _run_when_asked(handoff: int, name: bytes, *, new_mount_namespace: bool,
                                        f"the plan is for uid {plan.uid}")
         rules, _ = prepared[1] if prepared is not None else _prepare_view(
             plan, fds, new_mount_namespace=new_mount_namespace, drop_root=drop_root)
-        _confine_and_run(plan, fds, status_w, rules)
+        _confine_and_run(plan, fds, status_w, rules, name)
     except BaseException as exc:  # noqa: BLE001
         # The status pipe sits at STATUS_FD once the descriptors are installed; before
         # that, STATUS_FD is whatever the launcher had there (one of the run's pipes).
@@ -771,7 +769,7 @@ def _prepare_view(plan: ChildPlan, fds: dict[str, int], *, new_mount_namespace: 
 
 
 def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
-                     rules: landlock.LandlockRuleset | None) -> None:
+                     rules: landlock.LandlockRuleset | None, launcher_name: bytes) -> None:
     """The run's part: the proxy's listener, the run's descriptors on their numbers, its
     working folder and rlimits, then no capability, Landlock, seccomp, and the program.
     Without a network namespace (`plan.connect_by_notification`) the trusted side gets the
@@ -805,6 +803,9 @@ def _confine_and_run(plan: ChildPlan, fds: dict[str, int], status_w: int,
             with socket.socket(fileno=notify_to) as handoff:
                 socket.send_fds(handoff, [b"notify"], [listener])
             os.close(listener)
+    # The launcher's name back only now: named a spare, the count of the uid's tasks outside
+    # every sandbox (`linux/tasks.py`) leaves it out, and from here its filter does.
+    set_process_name(launcher_name)
     prctl(PR_SET_DUMPABLE, 1)  # as a process of its uid is, now that it is wholly confined
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)

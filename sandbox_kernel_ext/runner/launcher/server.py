@@ -41,7 +41,8 @@ from typing import Any
 from ..child.bootstrap import TAKEN, report, run_setup_fork
 from ..linux.cpu_clock import open_tree_clock
 from ..linux.namespaces import PR_SET_CHILD_SUBREAPER, userns_usable
-from ..linux.syscalls import no_core_dumps, prctl
+from ..linux.syscalls import no_core_dumps, prctl, process_name, set_process_name
+from ..linux.tasks import SPARE_NAME
 from .sized_home import make_sized_home
 from ..wire import read_to_end, receive_message, send_message
 
@@ -71,6 +72,7 @@ class Spare:
         handoff, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        name = process_name()
         try:
             self.setup_pid = os.fork()
         except BaseException:
@@ -80,13 +82,14 @@ class Spare:
             child_end.close()
             raise
         if self.setup_pid == 0:
+            set_process_name(SPARE_NAME)  # first: never a nameless process of the child's uid
             try:
                 handoff.detach()  # the launcher's end: closed below with the rest
                 os.close(go_w)
                 os.read(go_r, 1)
                 os.close(go_r)
-                run_setup_fork(child_end.detach(), status_w, use_userns=use_userns, uid=uid,
-                               seen_uid=seen_uid)
+                run_setup_fork(child_end.detach(), status_w, name=name, use_userns=use_userns,
+                               uid=uid, seen_uid=seen_uid)
             except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
                 report(status_w, f"error setup: {type(exc).__name__}: {exc}")
             os._exit(0)

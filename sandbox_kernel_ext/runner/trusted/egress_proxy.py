@@ -239,7 +239,7 @@ class EgressProxy:
             thread = threading.Thread(
                 target=self._accept_loop,
                 args=(listener,),
-                name=f"egress-accept-{self._sandbox_id or listener.fileno()}",
+                name=f"{PROXY_THREAD_NAME.decode()}-accept",  # Python 3.14 names the OS thread
                 daemon=True,
             )
             self._acceptors[listener] = thread
@@ -342,7 +342,8 @@ class EgressProxy:
             busy = len(self._workers) >= self._max_connections
             if not busy:
                 thread = threading.Thread(
-                    target=self._serve_client, args=(client,), name="egress-conn", daemon=True
+                    target=self._serve_client, args=(client,),
+                    name=f"{PROXY_THREAD_NAME.decode()}-conn", daemon=True,
                 )
                 self._sockets[client] = thread
                 self._workers[thread] = listener
