@@ -26,19 +26,22 @@ pytestmark = [
 SPINNERS = r"""
 import os, signal, time
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # Linux reaps them; nobody waits
-# ...but each holds the write end of a pipe: its end of file says every spinner has spun its
-# whole share (on a loaded machine that takes longer than the rounds' sleeps).
-spun, spinning = os.pipe()
 for round in range(ROUNDS):
+    # Each spinner holds the write end of the round's pipe: its end of file says the round's
+    # spinners have spun their whole share, so they never pile up (on a loaded machine a
+    # round takes longer than any sleep would allow, and piled-up forks add up to the
+    # memory budget before the CPU one).
+    spun, spinning = os.pipe()
     for _ in range(WIDTH):
         if os.fork() == 0:
+            os.close(spun)
             start = time.process_time()
             while time.process_time() - start < 0.15:  # shorter than one monitor interval
                 pass
             os._exit(0)
-    time.sleep(0.16)
-os.close(spinning)
-os.read(spun, 1)
+    os.close(spinning)
+    os.read(spun, 1)
+    os.close(spun)
 print("finished")
 """
 
