@@ -14,6 +14,7 @@ its run arrives) is not a leftover while its launcher lives.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,12 @@ from pathlib import Path
 import psutil
 
 from sandbox_kernel_ext.runner.linux.tasks import SPARE_NAME
+
+
+def own_sleep_marker() -> str:
+    """A number for a test's `sleep N` that no other test uses, here or in a test group
+    running beside it, so a scan of every process on the host finds this test's alone."""
+    return str(10**8 + secrets.randbelow(10**8))
 
 
 def is_spare(proc: psutil.Process) -> bool:

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from conftest import LIVENESS, KernelSession, error_line, gated_policy, value
+from leftovers import own_sleep_marker
 
 EXTENSION = "sandbox_kernel_ext.notebook"
 MAGICS = "get_ipython().magics_manager.registry['SandboxMagics']"
@@ -347,7 +348,7 @@ time.sleep(60)
 
 
 def test_interrupt_kills_the_whole_tree(k: KernelSession) -> None:
-    marker = str(10**8 + int.from_bytes(os.urandom(4), "big") % 10**8)  # this test's own sleep
+    marker = own_sleep_marker()
     msg_id = k.execute(f"%%sandbox --quiet --shell\nsleep {marker} &\necho ready\nwait")
     k.wait_for(lambda m: "ready" in k.text(msg_id), "the script to start")
     k.manager.interrupt_kernel()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from leftovers import own_sleep_marker
 
 from sandbox_kernel_ext import (
     CapabilityDeclaration,
@@ -95,7 +96,7 @@ def test_close_while_running_ends_child_and_launcher_at_once() -> None:
     orphaning the running child."""
     manager = SandboxManager()
     sid = manager.create_sandbox(CapabilityDeclaration())
-    marker = str(10**8 + int.from_bytes(os.urandom(4), "big") % 10**8)  # this test's own sleep
+    marker = own_sleep_marker()
     worker = threading.Thread(target=lambda: manager.execute(sid, ["sleep", marker], timeout=120))
     worker.start()
     for _ in range(200):

@@ -239,7 +239,8 @@ class EgressProxy:
             thread = threading.Thread(
                 target=self._accept_loop,
                 args=(listener,),
-                name=f"{PROXY_THREAD_NAME.decode()}-accept",  # Python 3.14 names the OS thread
+                # Python 3.14 names the OS thread after it (15 bytes: the count's prefix)
+                name=f"{PROXY_THREAD_NAME.decode()}-accept-{self._sandbox_id or listener.fileno()}",
                 daemon=True,
             )
             self._acceptors[listener] = thread
@@ -364,7 +365,6 @@ class EgressProxy:
 
     # ------------------------------------------------------------------ one connection
     def _serve_client(self, client: socket.socket) -> None:
-        _name_this_thread()
         upstream: socket.socket | None = None
         request = _Request()
         try:
